@@ -1,0 +1,30 @@
+"""keras_vit: Vision Transformers for Keras 3 on TensorFlow."""
+
+from keras_vit.layers import (
+    MLP,
+    DropPath,
+    LayerScale,
+    MultiHeadSelfAttention,
+    Patches,
+    PatchEncoder,
+    TokenPooling,
+    TransformerBlock,
+)
+from keras_vit.vit import VARIANTS, ViT, distillation_heads, parse_variant
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MLP",
+    "VARIANTS",
+    "DropPath",
+    "LayerScale",
+    "MultiHeadSelfAttention",
+    "PatchEncoder",
+    "Patches",
+    "TokenPooling",
+    "TransformerBlock",
+    "ViT",
+    "distillation_heads",
+    "parse_variant",
+]

@@ -1,0 +1,289 @@
+"""ViT variants as data, and the builder that turns one into a `keras.Model`."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_vit.layers import Patches, PatchEncoder, TokenPooling, TransformerBlock
+
+# One line per size: hidden_dim, num_layers, num_heads, mlp_dim (paper, Table 1;
+# Ti and S from DeiT / timm).
+VARIANTS = {
+    "Ti": dict(hidden_dim=192, num_layers=12, num_heads=3, mlp_dim=768),
+    "S": dict(hidden_dim=384, num_layers=12, num_heads=6, mlp_dim=1536),
+    "B": dict(hidden_dim=768, num_layers=12, num_heads=12, mlp_dim=3072),
+    "L": dict(hidden_dim=1024, num_layers=24, num_heads=16, mlp_dim=4096),
+    "H": dict(hidden_dim=1280, num_layers=32, num_heads=16, mlp_dim=5120),
+}
+
+ARCHITECTURE_KEYS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim")
+
+
+def parse_variant(variant: str, **overrides) -> dict:
+    """Turns `"B/16"` into the architecture dict; non-None overrides win.
+
+    The patch size may be left out of the string (`"B"`) when `patch_size`
+    is passed as an override.
+    """
+    if not isinstance(variant, str):
+        raise ValueError(f"variant must be a string like 'B/16', got {variant!r}.")
+    size, _, patch = variant.partition("/")
+    if size not in VARIANTS:
+        raise ValueError(
+            f"Unknown ViT variant {variant!r}; valid sizes are "
+            f"{', '.join(VARIANTS)}, written like 'B/16' (size/patch size)."
+        )
+    arch = dict(VARIANTS[size])
+    if patch:
+        if not patch.isdigit() or int(patch) < 1:
+            raise ValueError(
+                f"Bad patch size {patch!r} in variant {variant!r}; expected a "
+                "positive integer such as 'B/16'."
+            )
+        arch["patch_size"] = int(patch)
+    unknown = set(overrides) - set(ARCHITECTURE_KEYS)
+    if unknown:
+        raise ValueError(
+            f"Unknown architecture keys {sorted(unknown)}; valid keys are "
+            f"{list(ARCHITECTURE_KEYS)}."
+        )
+    arch.update({k: int(v) for k, v in overrides.items() if v is not None})
+    if "patch_size" not in arch:
+        raise ValueError(
+            f"Variant {variant!r} has no patch size; write it like "
+            f"'{size}/16' or pass patch_size=."
+        )
+    for key in ARCHITECTURE_KEYS:
+        if arch[key] < 1:
+            raise ValueError(f"`{key}` must be >= 1, got {arch[key]}.")
+    if arch["hidden_dim"] % arch["num_heads"]:
+        raise ValueError(
+            f"hidden_dim {arch['hidden_dim']} is not divisible by num_heads "
+            f"{arch['num_heads']}."
+        )
+    return arch
+
+
+def image_hw(image_size: int | tuple[int, int]) -> tuple[int, int]:
+    """Normalises `224` or `(224, 320)` to `(height, width)`."""
+    if isinstance(image_size, int) and not isinstance(image_size, bool):
+        image_size = (image_size, image_size)
+    try:
+        height, width = (int(s) for s in image_size)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"image_size must be an int or (height, width), got {image_size!r}."
+        ) from None
+    if height < 1 or width < 1:
+        raise ValueError(f"image_size must be positive, got {image_size!r}.")
+    return height, width
+
+
+def build_transformer(
+    inputs,
+    patches,
+    grid_size: tuple[int, int],
+    *,
+    hidden_dim: int,
+    num_layers: int,
+    num_heads: int,
+    mlp_dim: int,
+    num_classes: int = 1000,
+    include_top: bool = True,
+    pooling: str | None = "token",
+    representation_size: int | None = None,
+    distilled: bool = False,
+    class_token: bool | None = None,
+    position_embedding: str = "learned",
+    patch_norm: bool = False,
+    pool_norm: bool = False,
+    dropout_rate: float = 0.0,
+    attention_dropout_rate: float = 0.0,
+    drop_path_rate: float = 0.0,
+    qkv_bias: bool = True,
+    layer_scale_init: float | None = None,
+    layer_norm_epsilon: float = 1e-6,
+    classifier_activation: str | None = None,
+    name: str = "vit",
+) -> keras.Model:
+    """Patch embedding, encoder, pooling and head on top of `patches`.
+
+    Shared by `ViT` (pixels cut into patches) and `HybridViT` (a CNN feature
+    map cut into 1x1 patches), so both have exactly the same transformer.
+    """
+    if pooling not in ("token", "gap", None):
+        raise ValueError(
+            f"`pooling` must be 'token', 'gap' or None, got {pooling!r}."
+        )
+    if pooling is None and include_top:
+        raise ValueError("`pooling=None` is only valid with `include_top=False`.")
+    if include_top and (not isinstance(num_classes, int) or num_classes < 1):
+        raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
+    if class_token is None:
+        class_token = pooling == "token" or distilled
+    if pooling == "token" and not class_token:
+        raise ValueError("`pooling='token'` needs `class_token=True`.")
+    if distilled and pooling != "token":
+        raise ValueError(
+            f"`distilled=True` pools the class and distillation tokens; it needs "
+            f"pooling='token', got {pooling!r}."
+        )
+    if pool_norm and pooling is None:
+        raise ValueError("`pool_norm=True` needs a pooling mode.")
+    if not 0.0 <= drop_path_rate < 1.0:
+        raise ValueError(f"`drop_path_rate` must be in [0, 1), got {drop_path_rate!r}.")
+
+    encoder = PatchEncoder(
+        hidden_dim,
+        class_token=class_token,
+        distillation_token=distilled,
+        position_embedding=position_embedding,
+        grid_size=grid_size,
+        patch_norm=patch_norm,
+        dropout_rate=dropout_rate,
+        layer_norm_epsilon=layer_norm_epsilon,
+        name="patch_encoder",
+    )
+    x = encoder(patches)
+    for i in range(num_layers):
+        x = TransformerBlock(
+            num_heads,
+            mlp_dim,
+            dropout_rate=dropout_rate,
+            attention_dropout_rate=attention_dropout_rate,
+            # Linear stochastic-depth schedule: 0 for the first block.
+            drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),
+            qkv_bias=qkv_bias,
+            layer_scale_init=layer_scale_init,
+            layer_norm_epsilon=layer_norm_epsilon,
+            name=f"block_{i}",
+        )(x)
+
+    encoder_norm = keras.layers.LayerNormalization(
+        epsilon=layer_norm_epsilon, name="encoder_norm"
+    )
+    if not pool_norm:
+        x = encoder_norm(x)
+    if pooling is None:
+        return keras.Model(inputs, x, name=name)
+
+    prefix = encoder.num_prefix_tokens
+    features = [TokenPooling(pooling, prefix, name="pooling")(x)]
+    if distilled:
+        features.append(TokenPooling("distillation", prefix, name="dist_pooling")(x))
+    if pool_norm:
+        features = [encoder_norm(f) for f in features]
+    if representation_size:
+        pre_logits = keras.layers.Dense(
+            representation_size, activation="tanh", name="pre_logits"
+        )
+        features = [pre_logits(f) for f in features]
+    if not include_top:
+        return keras.Model(inputs, features[0], name=name)
+
+    def head(f, head_name):
+        # float32 logits whatever the global mixed-precision policy.
+        return keras.layers.Dense(
+            num_classes, kernel_initializer="zeros", dtype="float32", name=head_name
+        )(f)
+
+    logits = head(features[0], "head")
+    if distilled:
+        logits = keras.layers.Average(name="head_average", dtype="float32")(
+            [logits, head(features[1], "head_dist")]
+        )
+    if classifier_activation is not None:
+        logits = keras.layers.Activation(
+            classifier_activation, dtype="float32", name="predictions"
+        )(logits)
+    return keras.Model(inputs, logits, name=name)
+
+
+def ViT(
+    variant: str = "B/16",
+    image_size: int | tuple[int, int] = 224,
+    num_classes: int = 1000,
+    *,
+    num_channels: int = 3,
+    patch_size: int | None = None,
+    hidden_dim: int | None = None,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    mlp_dim: int | None = None,
+    name: str | None = None,
+    **options,
+) -> keras.Model:
+    """Builds a Vision Transformer as a functional `keras.Model`.
+
+    Args:
+        variant: `"<size>/<patch>"` with size in `VARIANTS` (Ti, S, B, L, H),
+            e.g. `"B/16"`.
+        image_size: int or `(height, width)`; both divisible by the patch size.
+        num_classes: int, size of the classification head.
+        num_channels: int, image channels.
+        patch_size, hidden_dim, num_layers, num_heads, mlp_dim: override the
+            variant's table entry.
+        name: model name; defaults to e.g. `"vit_b16"`.
+        **options: passed to `build_transformer`: `include_top`, `pooling`
+            (`"token"`, `"gap"`, or None for the token sequence without top),
+            `representation_size` (pre-logits Dense + tanh), `distilled`
+            (DeiT class + distillation heads, averaged), `class_token`,
+            `position_embedding` (`"learned"` or `"sincos"`), `patch_norm`,
+            `pool_norm` (LayerNorm after pooling, timm's `fc_norm`),
+            `dropout_rate`, `attention_dropout_rate`, `drop_path_rate`
+            (linear over blocks), `qkv_bias`, `layer_scale_init`,
+            `layer_norm_epsilon`, `classifier_activation`.
+
+    Returns:
+        A `keras.Model` from images `(batch, height, width, num_channels)` to
+        float32 logits `(batch, num_classes)`, or to features without top.
+    """
+    arch = parse_variant(
+        variant,
+        patch_size=patch_size,
+        hidden_dim=hidden_dim,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+    )
+    height, width = image_hw(image_size)
+    p = arch.pop("patch_size")
+    if height % p or width % p:
+        raise ValueError(
+            f"image_size {height}x{width} is not divisible by patch_size {p}."
+        )
+    if not isinstance(num_channels, int) or num_channels < 1:
+        raise ValueError(f"`num_channels` must be a positive int, got {num_channels!r}.")
+    if name is None:
+        name = f"vit_{variant.split('/')[0].lower()}{p}"
+    inputs = keras.Input((height, width, num_channels), name="images")
+    patches = Patches(p, name="patches")(inputs)
+    return build_transformer(
+        inputs,
+        patches,
+        (height // p, width // p),
+        num_classes=num_classes,
+        name=name,
+        **arch,
+        **options,
+    )
+
+
+def distillation_heads(model: keras.Model) -> keras.Model:
+    """The two DeiT heads of a `distilled=True` model, for training.
+
+    The distilled model itself returns the average of both heads (inference);
+    this returns a model sharing its layers whose outputs are
+    `(class_logits, distillation_logits)`.
+    """
+    try:
+        head = model.get_layer("head")
+        head_dist = model.get_layer("head_dist")
+    except ValueError:
+        raise ValueError(
+            f"Model {model.name!r} has no distillation head; build it with "
+            "distilled=True."
+        ) from None
+    return keras.Model(
+        model.inputs, [head.output, head_dist.output], name=f"{model.name}_heads"
+    )

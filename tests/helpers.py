@@ -1,0 +1,96 @@
+"""Checks shared by the tests: each test should read as one call to these."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def check_config_round_trip(layer: keras.layers.Layer) -> dict:
+    """get_config -> from_config -> get_config is the identity, also through
+    `serialize_keras_object`, and the config holds exactly `__init__`'s
+    arguments (plus the base Layer's)."""
+    config = layer.get_config()
+    clone = type(layer).from_config(config)
+    assert clone.get_config() == config
+    serialized = keras.saving.serialize_keras_object(layer)
+    assert serialized["registered_name"].startswith("keras_vit>")
+    revived = keras.saving.deserialize_keras_object(serialized)
+    assert type(revived) is type(layer)
+    assert revived.get_config() == config
+    base = set(keras.layers.Layer(name="x").get_config())
+    params = inspect.signature(type(layer).__init__).parameters
+    own = {n for n, p in params.items() if n != "self" and p.kind != p.VAR_KEYWORD}
+    assert set(config) - base == own, (set(config) - base) ^ own
+    return config
+
+
+def run_python(code: str, *args: str, timeout: float = 300, env=None, check=True):
+    """Runs `code` in a fresh Python process; returns the CompletedProcess."""
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=REPO,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def check_reloads_in_fresh_process(
+    model: keras.Model, inputs: np.ndarray, tmp_path: Path, atol: float = 1e-6
+) -> None:
+    """Saves `model` as .keras and loads it in a new process that imports only
+    keras_vit (no custom_objects, safe_mode=True); outputs must match."""
+    path = tmp_path / "model.keras"
+    model.save(path)
+    np.save(tmp_path / "inputs.npy", inputs)
+    expected = np.asarray(model(inputs, training=False))
+    run_python(
+        """
+        import sys
+        import numpy as np
+        import keras
+        import keras_vit  # noqa: F401  registers the layers
+        model = keras.saving.load_model(sys.argv[1], safe_mode=True)
+        out = model(np.load(sys.argv[2]), training=False)
+        np.save(sys.argv[3], np.asarray(out))
+        """,
+        str(path),
+        str(tmp_path / "inputs.npy"),
+        str(tmp_path / "outputs.npy"),
+    )
+    np.testing.assert_allclose(np.load(tmp_path / "outputs.npy"), expected, atol=atol)
+
+
+def fit_one_step(model: keras.Model, inputs: np.ndarray, labels: np.ndarray) -> float:
+    """Compiles with AdamW and sparse cross-entropy, runs one epoch of one
+    batch, returns the loss (which must be finite)."""
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    history = model.fit(inputs, labels, batch_size=len(inputs), epochs=1, verbose=0)
+    loss = history.history["loss"][-1]
+    assert np.isfinite(loss)
+    return loss
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
