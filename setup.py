@@ -7,7 +7,7 @@ TF_VERSION = "2.21.0"
 setup(
     name="keras-vit",
     version="0.1.0",
-    description="Vision Transformers for Keras 3 on TensorFlow: train, convert, export.",
+    description="Vision Transformers for Keras 3 on TensorFlow.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",

@@ -5,8 +5,8 @@ from keras_vit.layers import (
     DropPath,
     LayerScale,
     MultiHeadSelfAttention,
-    Patches,
     PatchEncoder,
+    Patches,
     TokenPooling,
     TransformerBlock,
 )

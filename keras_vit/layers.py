@@ -67,16 +67,22 @@ class Patches(keras.layers.Layer):
         p = self.patch_size
         if height % p or width % p:
             raise ValueError(
-                f"Image size {height}x{width} is not divisible by "
-                f"patch_size {p}."
+                f"Image size {height}x{width} is not divisible by patch_size {p}."
             )
         return height // p, width // p
 
     def build(self, input_shape):
         self._grid(input_shape)
+        self._channels = input_shape[-1]
 
     def call(self, images):
         rows, cols = self._grid(images.shape)
+        if images.shape[-1] != self._channels:
+            # Without this the mismatch surfaces later as a Dense shape error.
+            raise ValueError(
+                f"Expected images with {self._channels} channels, got shape "
+                f"{tuple(images.shape)}."
+            )
         p = self.patch_size
         channels = images.shape[-1]
         x = ops.reshape(images, (-1, rows, p, cols, p, channels))
@@ -317,7 +323,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             "attention_dropout_rate", attention_dropout_rate
         )
         self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
-        self.probs_dropout = keras.layers.Dropout(self.attention_dropout_rate)
+        # float32 so the dropout layer's policy does not cast the probabilities.
+        self.probs_dropout = keras.layers.Dropout(
+            self.attention_dropout_rate, dtype="float32"
+        )
         self.output_dropout = keras.layers.Dropout(self.dropout_rate)
 
     def build(self, input_shape):
@@ -328,7 +337,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 f"{self.num_heads}."
             )
         self.head_dim = hidden_dim // self.num_heads
-        self.qkv = keras.layers.Dense(3 * hidden_dim, use_bias=self.qkv_bias, name="qkv")
+        self.qkv = keras.layers.Dense(
+            3 * hidden_dim, use_bias=self.qkv_bias, name="qkv"
+        )
         self.qkv.build(input_shape)
         self.proj = keras.layers.Dense(hidden_dim, name="proj")
         self.proj.build(input_shape)
@@ -620,7 +631,7 @@ class TokenPooling(keras.layers.Layer):
         super().__init__(**kwargs)
         if mode not in ("token", "distillation", "gap"):
             raise ValueError(
-                "`mode` must be 'token', 'distillation' or 'gap', got " f"{mode!r}."
+                f"`mode` must be 'token', 'distillation' or 'gap', got {mode!r}."
             )
         needed = {"token": 1, "distillation": 2, "gap": 0}[mode]
         if num_prefix_tokens < needed:

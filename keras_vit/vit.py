@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_vit.layers import Patches, PatchEncoder, TokenPooling, TransformerBlock
+from keras_vit.layers import PatchEncoder, Patches, TokenPooling, TransformerBlock
 
 # One line per size: hidden_dim, num_layers, num_heads, mlp_dim (paper, Table 1;
 # Ti and S from DeiT / timm).
@@ -112,15 +112,13 @@ def build_transformer(
     map cut into 1x1 patches), so both have exactly the same transformer.
     """
     if pooling not in ("token", "gap", None):
-        raise ValueError(
-            f"`pooling` must be 'token', 'gap' or None, got {pooling!r}."
-        )
+        raise ValueError(f"`pooling` must be 'token', 'gap' or None, got {pooling!r}.")
     if pooling is None and include_top:
         raise ValueError("`pooling=None` is only valid with `include_top=False`.")
     if include_top and (not isinstance(num_classes, int) or num_classes < 1):
         raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
     if class_token is None:
-        class_token = pooling == "token" or distilled
+        class_token = pooling != "gap" or distilled
     if pooling == "token" and not class_token:
         raise ValueError("`pooling='token'` needs `class_token=True`.")
     if distilled and pooling != "token":
@@ -253,7 +251,9 @@ def ViT(
             f"image_size {height}x{width} is not divisible by patch_size {p}."
         )
     if not isinstance(num_channels, int) or num_channels < 1:
-        raise ValueError(f"`num_channels` must be a positive int, got {num_channels!r}.")
+        raise ValueError(
+            f"`num_channels` must be a positive int, got {num_channels!r}."
+        )
     if name is None:
         name = f"vit_{variant.split('/')[0].lower()}{p}"
     inputs = keras.Input((height, width, num_channels), name="images")
@@ -285,5 +285,5 @@ def distillation_heads(model: keras.Model) -> keras.Model:
             "distilled=True."
         ) from None
     return keras.Model(
-        model.inputs, [head.output, head_dist.output], name=f"{model.name}_heads"
+        model.input, [head.output, head_dist.output], name=f"{model.name}_heads"
     )

@@ -120,7 +120,10 @@ def with_image_size(
 
     for old_layer, new_layer in zip(model.layers, resized.layers, strict=True):
         weights = old_layer.get_weights()
-        if old_layer.name == "patch_encoder" and encoder.position_embedding == "learned":
+        if (
+            old_layer.name == "patch_encoder"
+            and encoder.position_embedding == "learned"
+        ):
             # Weights come in creation order; the position embedding is the
             # one with a token axis.
             for i, variable in enumerate(old_layer.weights):
@@ -142,4 +145,3 @@ def with_image_size(
             ]
         new_layer.set_weights(weights)
     return resized
-
