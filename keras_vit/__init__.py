@@ -1,5 +1,6 @@
 """keras_vit: Vision Transformers for Keras 3 on TensorFlow."""
 
+from keras_vit.hybrid import HybridViT, StdConv2D
 from keras_vit.layers import (
     MLP,
     DropPath,
@@ -18,10 +19,12 @@ __all__ = [
     "MLP",
     "VARIANTS",
     "DropPath",
+    "HybridViT",
     "LayerScale",
     "MultiHeadSelfAttention",
     "PatchEncoder",
     "Patches",
+    "StdConv2D",
     "TokenPooling",
     "TransformerBlock",
     "ViT",

@@ -18,6 +18,7 @@ import math
 
 import keras
 
+from keras_vit.hybrid import StdConv2D
 from keras_vit.layers import (
     MLP,
     LayerScale,
@@ -58,6 +59,9 @@ def _layer_macs(layer, input_shape, output_shape) -> int | None:
         return math.prod(input_shape[1:-1]) * input_shape[-1] * layer.hidden_dim
     if isinstance(layer, keras.layers.Dense):
         return math.prod(input_shape[1:-1]) * input_shape[-1] * layer.units
+    if isinstance(layer, StdConv2D):
+        per_position = layer.kernel_size**2 * input_shape[-1] * layer.filters
+        return math.prod(output_shape[1:-1]) * per_position
     if isinstance(layer, keras.layers.SeparableConv2D):
         positions = math.prod(output_shape[1:-1])
         channels = input_shape[-1] * layer.depth_multiplier

@@ -286,6 +286,16 @@ class PatchEncoder(keras.layers.Layer):
         }
 
 
+def _attention_output_spec(layer, x, return_attention_scores: bool):
+    """Symbolic outputs of a layer that may also return attention scores."""
+    out = keras.KerasTensor(x.shape, dtype=layer.compute_dtype)
+    if not return_attention_scores:
+        return out
+    tokens = x.shape[1]
+    scores_shape = (x.shape[0], layer.num_heads, tokens, tokens)
+    return out, keras.KerasTensor(scores_shape, dtype="float32")
+
+
 @register
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Self-attention with one fused QKV projection.
@@ -346,8 +356,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     def call(self, x, training=None, return_attention_scores=False):
         num_tokens, hidden_dim = x.shape[1], x.shape[2]
+        # The projections run on (batch * num_tokens, hidden_dim): a 2-D
+        # MatMul + BiasAdd is what oneDNN fuses into one kernel (bench/).
         qkv = ops.reshape(
-            self.qkv(x), (-1, num_tokens, 3, self.num_heads, self.head_dim)
+            self.qkv(ops.reshape(x, (-1, hidden_dim))),
+            (-1, num_tokens, 3, self.num_heads, self.head_dim),
         )
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         # Scaling q before the product keeps float16 logits in range.
@@ -361,14 +374,18 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         else:
             # Keras' TF kernel casts the logits to float32 before the softmax.
             out = ops.dot_product_attention(q, k, v, scale=1.0)
+        out = self.proj(ops.reshape(out, (-1, hidden_dim)))
         out = ops.reshape(out, (-1, num_tokens, hidden_dim))
-        out = self.output_dropout(self.proj(out), training=training)
+        out = self.output_dropout(out, training=training)
         if return_attention_scores:
             return out, probs
         return out
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+    def compute_output_spec(self, x, training=None, return_attention_scores=False):
+        return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):
         return {
@@ -416,9 +433,17 @@ class MLP(keras.layers.Layer):
         self.fc2.build((*input_shape[:-1], self.mlp_dim))
 
     def call(self, x, training=None):
-        x = ops.gelu(self.fc1(x), approximate=self.approximate_gelu)
-        x = self.hidden_dropout(x, training=training)
-        return self.output_dropout(self.fc2(x), training=training)
+        # On 2-D (tokens, features) TensorFlow's oneDNN rewrite fuses
+        # MatMul + BiasAdd + exact GELU into one kernel; on the 3-D input it
+        # is a BatchMatMul and GELU's erf runs as separate passes (bench/).
+        leading = tuple(
+            ops.shape(x)[i] if d is None else d for i, d in enumerate(x.shape[:-1])
+        )
+        h = ops.reshape(x, (-1, x.shape[-1]))
+        h = ops.gelu(self.fc1(h), approximate=self.approximate_gelu)
+        h = self.hidden_dropout(h, training=training)
+        h = self.output_dropout(self.fc2(h), training=training)
+        return ops.reshape(h, (*leading, h.shape[-1]))
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -595,6 +620,9 @@ class TransformerBlock(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+    def compute_output_spec(self, x, training=None, return_attention_scores=False):
+        return _attention_output_spec(self, x, return_attention_scores)
 
     def get_config(self):
         return {

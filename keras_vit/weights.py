@@ -145,3 +145,38 @@ def with_image_size(
             ]
         new_layer.set_weights(weights)
     return resized
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read safely or does not fit the model."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A PyTorch pickle (`.bin`, `.pt`, a torch zip): refused, not read."""
+
+
+# Checkpoint conversion (timm / Hugging Face / AugReg) lives in
+# keras_vit.convert, which imports this module; its public names are served
+# from here lazily so that either module can be imported first.
+_CONVERT_NAMES = (
+    "convert_checkpoint",
+    "detect_architecture",
+    "download_checkpoint",
+    "read_checkpoint",
+)
+
+__all__ = [
+    "CheckpointError",
+    "UnsafeCheckpointError",
+    "resample_position_embedding",
+    "with_image_size",
+    *_CONVERT_NAMES,
+]
+
+
+def __getattr__(name: str):
+    if name in _CONVERT_NAMES:
+        from keras_vit import convert
+
+        return getattr(convert, name)
+    raise AttributeError(f"module 'keras_vit.weights' has no attribute {name!r}")

@@ -234,3 +234,13 @@ def test_token_pooling_modes():
         TokenPooling("max")
     with pytest.raises(ValueError, match="needs at least 2 prefix tokens"):
         TokenPooling("distillation", 1)
+
+
+def test_attention_scores_in_a_functional_graph():
+    inputs = keras.Input((5, 8))
+    out, scores = TransformerBlock(2, 16)(inputs, return_attention_scores=True)
+    assert tuple(out.shape) == (None, 5, 8)
+    assert tuple(scores.shape) == (None, 2, 5, 5)
+    model = keras.Model(inputs, [out, scores])
+    values = model(random(3, 5, 8))
+    assert values[1].shape == (3, 2, 5, 5)

@@ -1,0 +1,655 @@
+"""Side-by-side ViT throughput: keras_vit, keras-hub and timm in one process.
+
+Every contestant gets the same synthetic batch already on the device and runs
+in alternating rounds after its warm-up, so a load change on a shared machine
+hits all of them alike. Training is forward + backward + AdamW update in one
+`tf.function` (with and without XLA) or one eager PyTorch step; inference is
+the forward pass in inference mode. The machine's matmul peak (float32 and
+bfloat16) is measured in the same rounds, and each result is reported as
+images/s, model FLOP/s and the fraction of that peak.
+
+    python bench/throughput.py --variant Ti/16 --image-size 224 \
+        --batch-size 32 --precision float32 --json bench/results.json
+
+Run it with a Python that has torch and timm to include timm; without them
+timm is skipped and the reason printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Measure this checkout's keras_vit, whichever is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PEERS = ("keras_vit", "keras_hub", "timm")
+MODES = ("train", "infer")
+PRECISIONS = ("float32", "mixed_bfloat16")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--variant", default="Ti/16", help="keras_vit variant")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--num-classes", type=int, default=1000)
+    parser.add_argument(
+        "--num-layers", type=int, help="override the variant's number of blocks"
+    )
+    parser.add_argument("--precision", default="float32", choices=PRECISIONS)
+    parser.add_argument(
+        "--iterations", type=int, default=5, help="timed steps per round"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps before the rounds"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help=f"comma list from {PEERS}"
+    )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma list from {MODES}"
+    )
+    parser.add_argument(
+        "--jit",
+        default="both",
+        choices=("both", "on", "off"),
+        help="XLA settings tried for the TensorFlow peers",
+    )
+    parser.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=0,
+        help="TensorFlow intra-op threads (0: TensorFlow's default)",
+    )
+    parser.add_argument(
+        "--inter-op-threads",
+        type=int,
+        default=0,
+        help="TensorFlow inter-op threads (0: TensorFlow's default)",
+    )
+    parser.add_argument(
+        "--matmul-size", type=int, default=2048, help="side of the peak matmul"
+    )
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+
+    args.peers = _split_choices(parser, "--peers", args.peers, PEERS)
+    args.modes = _split_choices(parser, "--modes", args.modes, MODES)
+    for name in ("image_size", "batch_size", "num_classes", "iterations", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(
+                f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+            )
+    if args.warmup < 1:
+        # The first call traces (and for XLA compiles); it must not be timed.
+        parser.error(f"--warmup must be >= 1, got {args.warmup}")
+    return args
+
+
+def _split_choices(parser, flag: str, value: str, valid: tuple[str, ...]):
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in valid]
+    if bad or not items:
+        parser.error(f"{flag} got {value!r}; valid values are {', '.join(valid)}")
+    return items
+
+
+# --------------------------------------------------------------------------
+# Model FLOPs, counted from the architecture.
+
+
+def vit_macs(
+    arch: dict,
+    image_hw: tuple[int, int],
+    num_channels: int,
+    num_classes: int,
+    num_prefix_tokens: int = 1,
+) -> dict[str, int]:
+    """Multiply-accumulates of one image's forward pass, per part of the model.
+
+    Counts the matmuls only (patch embedding, QKV, the two attention products,
+    output projection, MLP, head); norms, softmax and GELU are a few percent.
+    FLOPs are twice these numbers.
+    """
+    p = arch["patch_size"]
+    d, m, layers = arch["hidden_dim"], arch["mlp_dim"], arch["num_layers"]
+    patches = (image_hw[0] // p) * (image_hw[1] // p)
+    tokens = patches + num_prefix_tokens
+    per_block = {
+        "qkv": tokens * d * 3 * d,
+        "attention": 2 * tokens * tokens * d,
+        "proj": tokens * d * d,
+        "mlp": 2 * tokens * d * m,
+    }
+    parts = {"patch_embedding": patches * p * p * num_channels * d}
+    parts.update({k: v * layers for k, v in per_block.items()})
+    parts["head"] = d * num_classes
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+# --------------------------------------------------------------------------
+# Memory.
+
+
+def _proc_status_kib(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Resets the kernel's RSS high-water mark (Linux >= 4.0).
+
+    Freed heap memory is first handed back to the system, so the growth seen
+    during the next steps is their own working memory, not a gap that an
+    earlier contestant left in the allocator.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    hwm = _proc_status_kib("VmHWM")
+    if hwm is None:
+        # ru_maxrss is the process lifetime peak, in KiB on Linux.
+        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return hwm / 1024
+
+
+def rss_mib() -> float:
+    rss = _proc_status_kib("VmRSS")
+    return (rss or 0) / 1024
+
+
+# --------------------------------------------------------------------------
+# Contestants.
+
+
+@dataclass
+class Contestant:
+    """One (mode, peer, setting) with a step that runs one batch to completion."""
+
+    mode: str
+    peer: str
+    setting: str
+    step: Callable[[], None]
+    device_memory: Callable[[], float | None] = lambda: None
+    reset_device_memory: Callable[[], None] = lambda: None
+    rounds: list[float] = field(default_factory=list)
+    warmup_seconds: float = 0.0
+    peak_rss_mib: float = 0.0
+    rss_growth_mib: float = 0.0
+    device_peak_mib: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.peer} ({self.setting})"
+
+
+def tf_contestants(peer, model, images, labels, modes, jit_settings, memory):
+    import tensorflow as tf
+
+    out = []
+    for jit in jit_settings:
+        setting = "jit" if jit else "no jit"
+        if "train" in modes:
+            train_step = _train_step(model, jit)
+            # Only the scalar loss crosses to the host, once per step.
+            out.append(
+                Contestant(
+                    "train",
+                    peer,
+                    setting,
+                    lambda f=train_step: f(images, labels).numpy(),
+                    *memory,
+                )
+            )
+        if "infer" in modes:
+            infer_step = tf.function(
+                lambda x: model(x, training=False), jit_compile=jit
+            )
+            out.append(
+                Contestant(
+                    "infer",
+                    peer,
+                    setting,
+                    lambda f=infer_step: f(images)[0, 0].numpy(),
+                    *memory,
+                )
+            )
+    return out
+
+
+def _train_step(model, jit: bool):
+    """Forward, backward and AdamW update as one TensorFlow function."""
+    import keras
+    import tensorflow as tf
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras.optimizers.AdamW(learning_rate=1e-4)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function(jit_compile=jit)
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return train_step
+
+
+def tf_memory_probes():
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+        return (lambda: None, lambda: None)
+    name = gpus[0].name
+
+    def peak():
+        return tf.config.experimental.get_memory_info(name)["peak"] / 2**20
+
+    return (peak, lambda: tf.config.experimental.reset_memory_stats(name))
+
+
+def build_keras_vit(args, arch):
+    import keras_vit
+
+    return keras_vit.ViT(
+        args.variant,
+        image_size=args.image_size,
+        num_classes=args.num_classes,
+        num_layers=arch["num_layers"],
+    )
+
+
+def build_keras_hub(args, arch):
+    import keras_hub
+
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(args.image_size, args.image_size, 3),
+        patch_size=arch["patch_size"],
+        num_layers=arch["num_layers"],
+        num_heads=arch["num_heads"],
+        hidden_dim=arch["hidden_dim"],
+        mlp_dim=arch["mlp_dim"],
+    )
+    return keras_hub.models.ViTImageClassifier(
+        backbone=backbone, num_classes=args.num_classes, head_dtype="float32"
+    )
+
+
+def timm_contestants(args, arch, modes):
+    """timm's VisionTransformer of the same dimensions, PyTorch eager."""
+    try:
+        import torch
+        from timm.models.vision_transformer import VisionTransformer
+    except ImportError as err:
+        return [], f"torch/timm not importable in {sys.executable} ({err})"
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        img_size=args.image_size,
+        patch_size=arch["patch_size"],
+        embed_dim=arch["hidden_dim"],
+        depth=arch["num_layers"],
+        num_heads=arch["num_heads"],
+        mlp_ratio=arch["mlp_dim"] / arch["hidden_dim"],
+        num_classes=args.num_classes,
+    ).to(device)
+    images = torch.randn(
+        args.batch_size, 3, args.image_size, args.image_size, device=device
+    )
+    labels = torch.randint(0, args.num_classes, (args.batch_size,), device=device)
+    bf16 = args.precision == "mixed_bfloat16"
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    if device.type == "cuda":
+        memory = (
+            lambda: torch.cuda.max_memory_allocated() / 2**20,
+            torch.cuda.reset_peak_memory_stats,
+        )
+    else:
+        memory = (lambda: None, lambda: None)
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def train_step():
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        sync()
+
+    def infer_step():
+        model.eval()
+        with torch.inference_mode(), autocast():
+            model(images)
+        sync()
+
+    setting = "eager"
+    out = []
+    if "train" in modes:
+        out.append(Contestant("train", "timm", setting, train_step, *memory))
+    if "infer" in modes:
+        out.append(Contestant("infer", "timm", setting, infer_step, *memory))
+    return out, None
+
+
+# --------------------------------------------------------------------------
+# Measurement.
+
+
+def matmul_peak_gflops(dtype: str, n: int) -> float:
+    """Best GFLOP/s of one large square matmul, result checked on the host."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.normal((n, n)), dtype)
+    b = tf.cast(tf.random.normal((n, n)), dtype)
+    matmul = tf.function(tf.linalg.matmul)
+    matmul(a, b)[0, 0].numpy()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        matmul(a, b)[0, 0].numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def timed(contestant: Contestant, steps: int) -> float:
+    contestant.reset_device_memory()
+    reset_peak_rss()
+    before = rss_mib()
+    start = time.perf_counter()
+    for _ in range(steps):
+        contestant.step()
+    seconds = time.perf_counter() - start
+    contestant.peak_rss_mib = max(contestant.peak_rss_mib, peak_rss_mib())
+    contestant.rss_growth_mib = max(contestant.rss_growth_mib, peak_rss_mib() - before)
+    device_peak = contestant.device_memory()
+    if device_peak is not None:
+        contestant.device_peak_mib = max(contestant.device_peak_mib or 0, device_peak)
+    return seconds
+
+
+def environment() -> dict:
+    import keras
+    import tensorflow as tf
+
+    env = {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on)"),
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    for module in ("keras_hub", "torch", "timm"):
+        try:
+            env[module] = __import__(module).__version__
+        except ImportError:
+            env[module] = None
+    return env
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(args: argparse.Namespace) -> dict:
+    if "timm" in args.peers:
+        # torch's triton extension crashes when it is loaded after TensorFlow.
+        try:
+            import timm  # noqa: F401
+        except ImportError:
+            pass  # timm_contestants says why it is skipped.
+    import tensorflow as tf
+
+    # Thread settings must be made before TensorFlow runs its first op.
+    if args.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    if args.inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+
+    import keras
+
+    from keras_vit.vit import parse_variant
+
+    keras.config.set_dtype_policy(args.precision)
+    arch = parse_variant(args.variant, num_layers=args.num_layers)
+    if args.image_size % arch["patch_size"]:
+        raise SystemExit(
+            f"--image-size {args.image_size} is not divisible by the patch size "
+            f"{arch['patch_size']} of {args.variant!r}."
+        )
+    macs = vit_macs(arch, (args.image_size,) * 2, 3, args.num_classes)
+    forward_flops = 2 * macs["total"]
+    # Backward costs two forward passes (gradients of inputs and of weights).
+    train_flops = 3 * forward_flops
+
+    keras.utils.set_random_seed(0)
+    images = tf.random.uniform((args.batch_size, args.image_size, args.image_size, 3))
+    labels = tf.random.uniform(
+        (args.batch_size,), maxval=args.num_classes, dtype=tf.int32
+    )
+    jit_settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.jit]
+    memory = tf_memory_probes()
+    builders = {"keras_vit": build_keras_vit, "keras_hub": build_keras_hub}
+    contestants, skipped, params = [], {}, {}
+    for peer in args.peers:
+        if peer == "timm":
+            found, reason = timm_contestants(args, arch, args.modes)
+            if reason:
+                skipped["timm"] = reason
+                print(f"skipping timm: {reason}", flush=True)
+            contestants += found
+            continue
+        model = builders[peer](args, arch)
+        params[peer] = model.count_params()
+        contestants += tf_contestants(
+            peer, model, images, labels, args.modes, jit_settings, memory
+        )
+
+    for c in contestants:
+        start = time.perf_counter()
+        for _ in range(args.warmup):
+            c.step()
+        c.warmup_seconds = time.perf_counter() - start
+        print(f"warm-up {c.mode:5s} {c.label}: {c.warmup_seconds:.1f} s", flush=True)
+
+    peaks = {"float32": [], "bfloat16": []}
+    for r in range(args.rounds):
+        for dtype in peaks:
+            peaks[dtype].append(matmul_peak_gflops(dtype, args.matmul_size))
+        for c in contestants:
+            seconds = timed(c, args.iterations)
+            c.rounds.append(args.iterations * args.batch_size / seconds)
+        print(
+            f"round {r + 1}/{args.rounds}: "
+            + ", ".join(f"{c.mode} {c.label} {c.rounds[-1]:.1f}" for c in contestants),
+            flush=True,
+        )
+
+    peak = {dtype: max(v) for dtype, v in peaks.items()}
+    compute_dtype = "bfloat16" if args.precision == "mixed_bfloat16" else "float32"
+    results = []
+    for c in contestants:
+        ips = statistics.median(c.rounds)
+        flops = (train_flops if c.mode == "train" else forward_flops) * ips
+        results.append(
+            {
+                "mode": c.mode,
+                "peer": c.peer,
+                "setting": c.setting,
+                "images_per_second": ips,
+                "rounds_images_per_second": c.rounds,
+                "gflops_per_second": flops / 1e9,
+                "fraction_of_peak": flops / 1e9 / peak[compute_dtype],
+                "peak_rss_mib": c.peak_rss_mib,
+                "rss_growth_mib": c.rss_growth_mib,
+                "device_peak_mib": c.device_peak_mib,
+                "warmup_seconds": c.warmup_seconds,
+            }
+        )
+    return {
+        "config": {
+            "variant": args.variant,
+            "image_size": args.image_size,
+            "batch_size": args.batch_size,
+            "num_classes": args.num_classes,
+            "num_layers": arch["num_layers"],
+            "precision": args.precision,
+            "iterations": args.iterations,
+            "warmup": args.warmup,
+            "rounds": args.rounds,
+            "peers": args.peers,
+            "modes": args.modes,
+            "jit": args.jit,
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        },
+        "environment": environment(),
+        "matmul_peak_gflops": peak,
+        "matmul_peak_rounds_gflops": peaks,
+        "peak_dtype": compute_dtype,
+        "model": {
+            "parameters": params,
+            "forward_gmacs_per_image": macs["total"] / 1e9,
+            "forward_gflops_per_image": forward_flops / 1e9,
+            "train_gflops_per_image": train_flops / 1e9,
+            "macs_by_part": macs,
+        },
+        "results": results,
+        "ratios": ratios(results),
+        "skipped": skipped,
+    }
+
+
+def ratios(results: list[dict]) -> dict:
+    """keras_vit's best setting over each peer's best, per mode."""
+    best: dict[tuple[str, str], float] = {}
+    for r in results:
+        key = (r["mode"], r["peer"])
+        best[key] = max(best.get(key, 0.0), r["images_per_second"])
+    out = {}
+    for mode in MODES:
+        ours = best.get((mode, "keras_vit"))
+        for peer in PEERS[1:]:
+            theirs = best.get((mode, peer))
+            if ours and theirs:
+                out[f"{mode}_keras_vit_over_{peer}"] = ours / theirs
+    return out
+
+
+TARGETS = {
+    "train_keras_vit_over_keras_hub": 1.3,
+    "train_keras_vit_over_timm": 1.5,
+    "infer_keras_vit_over_keras_hub": 1.2,
+    "infer_keras_vit_over_timm": 1.0,
+}
+
+
+def format_table(report: dict) -> str:
+    cfg, env = report["config"], report["environment"]
+    peak = report["matmul_peak_gflops"]
+    model = report["model"]
+    lines = [
+        f"ViT {cfg['variant']} at {cfg['image_size']}, batch {cfg['batch_size']}, "
+        f"{cfg['precision']}; {env['cpu']} x{env['cpu_count']}; "
+        f"TF {env['tensorflow']}, Keras {env['keras']}, "
+        f"keras-hub {env['keras_hub']}, torch {env['torch']}, timm {env['timm']}",
+        f"matmul peak: float32 {peak['float32']:.0f} GFLOP/s, "
+        f"bfloat16 {peak['bfloat16']:.0f} GFLOP/s; model "
+        f"{model['forward_gmacs_per_image']:.2f} GMACs = "
+        f"{model['forward_gflops_per_image']:.2f} GFLOPs forward, "
+        f"{model['train_gflops_per_image']:.2f} GFLOPs per training image",
+        "",
+        f"| mode | peer | setting | img/s (median of {cfg['rounds']}) | "
+        f"rounds | GFLOP/s | of {report['peak_dtype']} peak | "
+        "peak RSS MiB (+ in steps) | warm-up s |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in report["results"]:
+        rounds = " ".join(f"{v:.1f}" for v in r["rounds_images_per_second"])
+        lines.append(
+            f"| {r['mode']} | {r['peer']} | {r['setting']} | "
+            f"{r['images_per_second']:.1f} | {rounds} | "
+            f"{r['gflops_per_second']:.0f} | {r['fraction_of_peak']:.0%} | "
+            f"{r['peak_rss_mib']:.0f} (+{r['rss_growth_mib']:.0f}) | "
+            f"{r['warmup_seconds']:.1f} |"
+        )
+    lines.append("")
+    for key, value in report["ratios"].items():
+        target = TARGETS.get(key)
+        goal = f" (target >= {target}x)" if target else ""
+        lines.append(f"{key}: {value:.2f}x{goal}")
+    for peer, reason in report["skipped"].items():
+        lines.append(f"skipped {peer}: {reason}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    print(format_table(report))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,457 @@
+"""Pretrained ViT checkpoints from timm, Hugging Face transformers and
+AugReg / big_vision `.npz` files, converted into keras_vit models.
+
+Tensors are read with numpy only (`safetensors.numpy`, `np.load` with
+`allow_pickle=False`); PyTorch's `.bin` / `.pt` files are refused, because
+unpickling one runs whatever code it carries. The architecture is read off
+the tensors (and the `config.json` beside them), the matching model is built,
+and every tensor is checked before any is assigned: an unknown, missing or
+mis-shaped tensor raises `CheckpointError` and no model is returned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from keras_vit.checkpoint_layouts import Plan, detect_architecture
+from keras_vit.hybrid import HybridViT
+from keras_vit.vit import image_hw
+from keras_vit.weights import (
+    CheckpointError,
+    UnsafeCheckpointError,
+    resample_position_embedding,
+)
+
+TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+CHECKPOINT_NAMES = ("model.safetensors", "model.npz")
+HUB_PATTERN = re.compile(r"^(hf-hub:)?[\w.-]+/[\w.-]+$")
+
+
+# --------------------------------------------------------------------------
+# Reading files
+
+
+def _refuse_torch(path: Path) -> None:
+    raise UnsafeCheckpointError(
+        f"{path} is a PyTorch pickle checkpoint. keras_vit does not open these: "
+        "unpickling runs arbitrary code from the file. Convert it to "
+        "safetensors where torch is installed, e.g. `from safetensors.torch "
+        "import save_file; save_file(state_dict, 'model.safetensors')`, or "
+        "download the repository's model.safetensors instead."
+    )
+
+
+def _is_torch_file(path: Path, head: bytes) -> bool:
+    if path.suffix.lower() in TORCH_SUFFIXES or head[:1] == b"\x80":
+        return True
+    if head[:2] == b"PK":
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except zipfile.BadZipFile:
+            return False
+        return any(n.endswith("data.pkl") or n.endswith(".pkl") for n in names)
+    return False
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        header_raw = f.read(header_len) if 0 < header_len <= size - 8 else b""
+    try:
+        header = json.loads(header_raw)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file (bad or truncated header)."
+        )
+    header.pop("__metadata__", None)
+    data_len = max((t["data_offsets"][1] for t in header.values()), default=0)
+    if 8 + header_len + data_len > size:
+        raise CheckpointError(
+            f"{path} is truncated: its header describes {8 + header_len + data_len} "
+            f"bytes, the file has {size}."
+        )
+    tensors = {}
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            for name, meta in header.items():
+                if meta["dtype"] == "BF16":
+                    # numpy has no bfloat16: read the raw 16-bit words.
+                    start, end = meta["data_offsets"]
+                    with open(path, "rb") as raw:
+                        raw.seek(8 + header_len + start)
+                        words = np.frombuffer(raw.read(end - start), dtype="<u2")
+                    tensors[name] = _bf16_to_f32(words).reshape(meta["shape"])
+                else:
+                    tensors[name] = f.get_tensor(name)
+    except CheckpointError:
+        raise
+    except Exception as error:  # safetensors raises its own error types
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file: {error}"
+        ) from None
+    return tensors
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (zipfile.BadZipFile, EOFError, OSError) as error:
+        raise CheckpointError(
+            f"{path} is not a readable .npz file (truncated or corrupt): {error}"
+        ) from None
+    except ValueError as error:
+        raise CheckpointError(
+            f"{path} holds object arrays, which need pickle; refused: {error}"
+        ) from None
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
+    """Reads a checkpoint file (or a folder holding one) with numpy.
+
+    Returns `(tensors, config)`: float32 arrays by name, and the parsed
+    `config.json` found beside the file (`{}` when there is none).
+    """
+    path = Path(path)
+    if path.is_dir():
+        found = [path / n for n in CHECKPOINT_NAMES if (path / n).is_file()]
+        if not found:
+            torch_files = [p for p in path.iterdir() if p.suffix in TORCH_SUFFIXES]
+            if torch_files:
+                _refuse_torch(torch_files[0])
+            raise CheckpointError(
+                f"{path} holds no {' or '.join(CHECKPOINT_NAMES)}; files: "
+                f"{sorted(p.name for p in path.iterdir())}."
+            )
+        path = found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint at {str(path)!r}.")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if _is_torch_file(path, head):
+        _refuse_torch(path)
+    if path.suffix == ".npz" or head[:2] == b"PK":
+        tensors = _read_npz(path)
+    elif path.suffix == ".safetensors" or len(head) == 8:
+        tensors = _read_safetensors(path)
+    else:
+        raise CheckpointError(f"{path} is empty or too short to be a checkpoint.")
+    for name, value in tensors.items():
+        if not np.issubdtype(value.dtype, np.floating):
+            raise CheckpointError(
+                f"Tensor {name!r} in {path} has dtype {value.dtype}; expected floats."
+            )
+        tensors[name] = value.astype("float32")
+    config_path = path.parent / "config.json"
+    config = {}
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text())
+        except ValueError as error:
+            raise CheckpointError(f"{config_path} is not valid JSON: {error}") from None
+    return tensors, config
+
+
+# --------------------------------------------------------------------------
+# The Hugging Face Hub
+
+
+def _import_hub():
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ImportError(
+            "Downloading checkpoints by name needs huggingface_hub: "
+            "`pip install huggingface_hub` (or keras-vit[hub]). Local paths work "
+            "without it."
+        ) from None
+    return huggingface_hub
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download_checkpoint(
+    repo_id: str,
+    filename: str = "model.safetensors",
+    revision: str | None = None,
+    sha256: str | None = None,
+) -> Path:
+    """Downloads `filename` (and `config.json`) of a Hub repository into the
+    Hugging Face cache and checks the checkpoint's sha256.
+
+    The expected digest is `sha256` when given, otherwise the Hub's own: the
+    cache stores large (LFS) files under their sha256. Returns the local
+    path of the checkpoint.
+    """
+    hub = _import_hub()
+    repo_id = repo_id.removeprefix("hf-hub:")
+    if filename.endswith(TORCH_SUFFIXES):
+        _refuse_torch(Path(filename))
+    try:
+        local = Path(hub.hf_hub_download(repo_id, filename, revision=revision))
+    except Exception as error:
+        # Matched by class name: huggingface_hub has renamed and re-parented
+        # these across releases.
+        kinds = {c.__name__ for c in type(error).__mro__}
+        offline = kinds & {"LocalEntryNotFoundError", "OfflineModeIsEnabled"}
+        if not offline and "EntryNotFoundError" in kinds:
+            raise CheckpointError(
+                f"Hub repository {repo_id!r} has no {filename!r}. keras_vit reads "
+                "safetensors or .npz files only (PyTorch .bin pickles are refused)."
+            ) from None
+        if not offline and "RepositoryNotFoundError" in kinds:
+            raise CheckpointError(
+                f"No Hub repository {repo_id!r} (or it is private or gated)."
+            ) from None
+        raise ConnectionError(
+            f"Could not download {filename!r} from the Hugging Face Hub repository "
+            f"{repo_id!r} ({type(error).__name__}: {error}). This needs network "
+            "access (or the file in the local Hugging Face cache); offline, pass "
+            "the path of a local checkpoint instead."
+        ) from None
+    try:
+        hub.hf_hub_download(repo_id, "config.json", revision=revision)
+    except Exception:
+        pass  # timm .npz repos and some others have no config; tensors suffice.
+    blob = local.resolve().name
+    expected = sha256 or (blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None)
+    if expected is None:
+        raise CheckpointError(
+            f"Cannot verify {filename!r} from {repo_id!r}: the Hub gave no sha256 "
+            "for it; pass sha256= with the digest you expect."
+        )
+    actual = file_sha256(local)
+    if actual != expected.lower():
+        raise CheckpointError(
+            f"sha256 mismatch for {filename!r} from {repo_id!r}: expected "
+            f"{expected}, the file has {actual}. Delete it from the Hugging Face "
+            "cache and download again."
+        )
+    return local
+
+
+def resolve_source(
+    src, filename: str | None = None, revision=None, sha256=None
+) -> Path:
+    """A local file or folder as it is; otherwise a Hub repository id."""
+    path = Path(src)
+    if path.exists():
+        if sha256 is not None and path.is_file() and file_sha256(path) != sha256:
+            raise CheckpointError(
+                f"sha256 mismatch for {path}: expected {sha256}, the file has "
+                f"{file_sha256(path)}."
+            )
+        return path
+    if path.suffix.lower() in TORCH_SUFFIXES:
+        _refuse_torch(path)
+    file_suffixes = (".safetensors", ".npz", ".json", *TORCH_SUFFIXES)
+    if (
+        isinstance(src, str)
+        and HUB_PATTERN.match(src)
+        and path.suffix not in file_suffixes
+    ):
+        return download_checkpoint(
+            src, filename or "model.safetensors", revision, sha256
+        )
+    raise FileNotFoundError(
+        f"No checkpoint at {str(src)!r}: not a local file or folder, and not a "
+        "Hugging Face Hub repository id such as 'timm/vit_tiny_patch16_224."
+        "augreg_in21k_ft_in1k'."
+    )
+
+
+# --------------------------------------------------------------------------
+# Building and loading
+
+
+ARCHITECTURE_OVERRIDES = ("num_heads", "norm_groups", "layer_norm_epsilon")
+
+
+def _values_for(model: keras.Model, plan: Plan, tensors: dict, skip: set[str]) -> dict:
+    """Every model variable's new value; raises before anything is assigned."""
+    variables = {v.path: v for v in model.weights}
+    used, values, problems = set(), {}, []
+    for target, (sources, fn) in plan.assign.items():
+        if any(target.startswith(s) for s in skip):
+            used.update(s for s in sources if s in tensors)
+            continue
+        missing = [s for s in sources if s not in tensors]
+        if missing:
+            problems.append(f"missing tensor(s) {missing} for {target}")
+            continue
+        used.update(sources)
+        if target not in variables:
+            problems.append(
+                f"tensor(s) {list(sources)} have no model variable {target}"
+            )
+            continue
+        try:
+            value = fn(*(tensors[s] for s in sources))
+        except (ValueError, IndexError) as error:
+            problems.append(f"tensor(s) {list(sources)} do not fit {target}: {error}")
+            continue
+        encoder = model.get_layer("patch_encoder")
+        if target == "patch_encoder/pos_embedding" and encoder.grid_size != plan.grid:
+            try:
+                value = resample_position_embedding(
+                    value, encoder.grid_size, plan.grid, encoder.num_prefix_tokens
+                )
+            except ValueError as error:
+                problems.append(f"{sources[0]} cannot be resampled: {error}")
+                continue
+        expected = tuple(variables[target].shape)
+        if tuple(value.shape) != expected:
+            shapes = [tuple(tensors[s].shape) for s in sources]
+            problems.append(
+                f"{' + '.join(sources)} has shape {' + '.join(map(str, shapes))}, "
+                f"which gives {tuple(value.shape)}; {target} needs {expected}"
+            )
+            continue
+        values[target] = value
+    unknown = sorted(set(tensors) - used)
+    if unknown:
+        problems.append(f"unknown tensor(s) not used by the model: {unknown}")
+    unset = sorted(
+        set(variables)
+        - set(values)
+        - {t for t in variables if any(t.startswith(s) for s in skip)}
+    )
+    if not problems and unset:
+        problems.append(f"model variables with no tensor: {unset}")
+    if problems:
+        raise CheckpointError(
+            "The checkpoint does not match the model; nothing was loaded:\n  - "
+            + "\n  - ".join(problems)
+        )
+    return values
+
+
+def convert_checkpoint(
+    src: str | os.PathLike,
+    out_path: str | os.PathLike | None = None,
+    *,
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
+    include_top: bool | None = None,
+    filename: str | None = None,
+    revision: str | None = None,
+    sha256: str | None = None,
+    **overrides,
+) -> keras.Model:
+    """Converts a timm, Hugging Face or AugReg/big_vision ViT checkpoint.
+
+    Args:
+        src: a `.safetensors` or `.npz` file, a folder holding
+            `model.safetensors` (+ `config.json`), or a Hugging Face Hub id
+            (`"timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"`,
+            `"google/vit-base-patch16-224"`), downloaded when
+            `huggingface_hub` is installed and the network allows.
+        out_path: where to save the model as `.keras` (written to a
+            temporary file and renamed, so never half-written).
+        image_size: build at this size; the position embedding is resampled
+            (bicubic) from the checkpoint's grid.
+        num_classes: a new head of this size (zero-initialised, for
+            fine-tuning) instead of the checkpoint's.
+        include_top: `False` drops the head.
+        filename, revision, sha256: which Hub file / revision to fetch, and
+            the sha256 it must have (checked for local files too).
+        **overrides: what the tensors cannot tell and the config does not
+            say: `num_heads`, `norm_groups` (hybrid GroupNorm groups, default
+            32), `layer_norm_epsilon`.
+
+    Returns:
+        A `keras.Model` (`ViT` or `HybridViT`) holding every tensor.
+    """
+    unknown = set(overrides) - set(ARCHITECTURE_OVERRIDES)
+    if unknown:
+        raise ValueError(
+            f"Unknown options {sorted(unknown)}; valid: image_size, num_classes, "
+            "include_top, filename, revision, sha256, "
+            f"{', '.join(ARCHITECTURE_OVERRIDES)}."
+        )
+    if out_path is not None and Path(out_path).suffix != ".keras":
+        raise ValueError(f"out_path must end in .keras, got {str(out_path)!r}.")
+    if num_classes is not None and (
+        isinstance(num_classes, bool)
+        or not isinstance(num_classes, int)
+        or num_classes < 1
+    ):
+        raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
+    path = resolve_source(src, filename, revision, sha256)
+    tensors, config = read_checkpoint(path)
+    hints = {
+        "image_size": image_hw(image_size) if image_size else None,
+        "num_heads": overrides.get("num_heads"),
+    }
+    plan = detect_architecture(tensors, config, hints)
+    kwargs = dict(plan.kwargs)
+    if "norm_groups" in overrides and plan.builder is not HybridViT:
+        raise ValueError("norm_groups= applies to hybrid checkpoints only.")
+    kwargs.update(overrides)
+    skip = set()
+    if include_top is False:
+        kwargs["include_top"] = False
+    if num_classes is not None and num_classes != plan.num_classes:
+        kwargs["num_classes"] = num_classes
+        kwargs["include_top"] = include_top is not False
+        skip = {"head/", "head_dist/"}
+    if not kwargs.get("include_top", True):
+        skip |= {"head/", "head_dist/"}
+    elif include_top and not plan.num_classes and num_classes is None:
+        raise ValueError(
+            "This checkpoint has no classification head; pass num_classes= for "
+            "a new one, or leave include_top unset for the features."
+        )
+    source_size = (plan.grid[0] * plan.stride, plan.grid[1] * plan.stride)
+    kwargs["image_size"] = image_hw(image_size) if image_size else source_size
+    model = plan.builder(**kwargs)
+    values = _values_for(model, plan, tensors, skip)
+    for variable in model.weights:
+        if variable.path in values:
+            variable.assign(values[variable.path])
+    if out_path is not None:
+        save_atomically(model, out_path)
+    return model
+
+
+def save_atomically(model: keras.Model, out_path: str | os.PathLike) -> Path:
+    """`model.save` to a temporary file beside `out_path`, then a rename."""
+    out_path = Path(out_path)
+    if out_path.suffix != ".keras":
+        raise ValueError(f"out_path must end in .keras, got {str(out_path)!r}.")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".keras", dir=out_path.parent)
+    os.close(fd)
+    try:
+        model.save(tmp)
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return out_path

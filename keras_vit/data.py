@@ -1,0 +1,328 @@
+"""`tf.data` input pipelines: image folders, TFRecords, TFDS, arrays, the
+bundled scikit-learn digits and a synthetic set.
+
+The training stream is infinite and deterministic: given the config and the
+seed, batch k is always the same batch (a seeded per-epoch permutation for
+sources with random access, a seeded shuffle buffer for record streams, and
+augmentation seeded by the element's position). `start_step=s` starts at
+batch s by skipping *indices* or undecoded records, so resuming is cheap.
+
+Pixels arrive in `[0, pixel_scale]` and the model sees
+`(pixels / pixel_scale - mean) / std`, per channel; `preprocessing(...)` is
+the dict that records these constants for export and serving.
+
+TFRecord schema (what `write_tfrecords` writes and `source="tfrecord"`
+reads), one `tf.train.Example` per image:
+
+    image/encoded      bytes   PNG or JPEG file contents
+    image/class/label  int64   class index in [0, num_classes)
+    image/filename     bytes   optional, named in decode errors
+
+Files are `<path>/<split>-*.tfrecord`, e.g. `train-00000-of-00004.tfrecord`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from keras_vit.augment import Augmenter
+from keras_vit.data_sources import (  # noqa: F401  (re-exported)
+    IMAGE_EXTENSIONS,
+    TFRECORD_FEATURES,
+    _array_source,
+    _digits_arrays,
+    _folder_source,
+    _hw,
+    _Source,
+    _synthetic_source,
+    _tfds_source,
+    _tfrecord_source,
+    write_tfrecords,
+)
+
+SOURCES = ("digits", "synthetic", "folder", "tfrecord", "tfds", "arrays")
+
+
+@dataclass
+class DataConfig:
+    """Where the images come from, how they are normalised and augmented.
+
+    `source`: one of `SOURCES`. `path`: image-folder root (holding one folder
+    per split, each holding one folder per class), TFRecord folder, TFDS
+    dataset name, or `.npz` with `x_train, y_train, x_eval, y_eval` for
+    `"arrays"`. Splits are sub-folders / file prefixes / TFDS split names.
+    """
+
+    source: str = "digits"
+    path: str = ""
+    train_split: str = "train"
+    eval_split: str = "val"
+    tfds_data_dir: str = ""
+    num_classes: int = 0  # 0: from the source
+    num_channels: int = 3
+    mean: tuple[float, ...] = (0.5,)
+    std: tuple[float, ...] = (0.5,)
+    pixel_scale: float = 255.0
+    resize_method: str = "bilinear"
+    eval_crop: float = 1.0  # center crop fraction at eval (0.875: 256 -> 224)
+    shuffle_buffer: int = 10_000  # record streams only
+    on_error: str = "raise"  # or "skip": drop undecodable images and count them
+    synthetic_size: int = 512
+    crop_scale_min: float = 1.0  # < 1: random resized crop with this min area
+    flip: bool = False
+    randaugment_ops: int = 0
+    randaugment_magnitude: float = 0.5
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    arrays: dict | None = field(default=None, repr=False)  # in-process only
+
+
+def preprocessing(config: DataConfig, image_size) -> dict:
+    """The input constants a served model needs: model input is
+    `(pixels / pixel_scale - mean) / std` at `image_size`."""
+    height, width = _hw(image_size)
+    return {
+        "image_size": [height, width],
+        "num_channels": config.num_channels,
+        "mean": list(config.mean),
+        "std": list(config.std),
+        "pixel_scale": float(config.pixel_scale),
+        "resize_method": config.resize_method,
+    }
+
+
+def _source(config: DataConfig, image_size, train: bool) -> _Source:
+    validate_data_config(config)
+    split = config.train_split if train else config.eval_split
+    if config.source == "digits":
+        arrays = _digits_arrays()
+    elif config.source == "arrays":
+        arrays = config.arrays
+        if arrays is None:
+            if not config.path.endswith(".npz") or not Path(config.path).is_file():
+                raise ValueError(
+                    f"source='arrays' needs data.path to an .npz file with x_train, "
+                    f"y_train, x_eval, y_eval (or data.arrays), got {config.path!r}."
+                )
+            arrays = dict(np.load(config.path))
+    elif config.source == "synthetic":
+        return _synthetic_source(config, image_size, train)
+    elif config.source == "folder":
+        return _folder_source(config, split)
+    elif config.source == "tfrecord":
+        return _tfrecord_source(config, split)
+    else:
+        return _tfds_source(config, split)
+    key = "train" if train else "eval"
+    labels = np.asarray(arrays[f"y_{key}"])
+    classes = config.num_classes or int(
+        max(np.max(arrays["y_train"]), np.max(arrays["y_eval"])) + 1
+    )
+    return _array_source(arrays[f"x_{key}"], labels, [str(c) for c in range(classes)])
+
+
+def class_names(config: DataConfig, image_size=16) -> list[str]:
+    """The label of each class index, from the source."""
+    return _source(config, image_size, train=True).class_names
+
+
+def _normalise(config: DataConfig, image):
+    mean = tf.constant(config.mean, tf.float32)
+    std = tf.constant(config.std, tf.float32)
+    return (image / config.pixel_scale - mean) / std
+
+
+def _elements(source: _Source, seed: int, start: int, shuffle_buffer: int):
+    """(position, element) pairs of the infinite training stream from
+    element `start`, before any decoding."""
+    positions = tf.data.Dataset.range(start, 2**62)
+    if source.load is not None:
+        size = source.size
+        first_epoch, offset = divmod(start, size)
+
+        def epoch(e):
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(size, dtype=tf.int64),
+                seed=tf.stack([tf.constant(seed, tf.int64), e]),
+            )
+            return tf.data.Dataset.from_tensor_slices(order)
+
+        indices = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch).skip(offset)
+        return tf.data.Dataset.zip(positions, indices)
+    records = source.records.repeat().shuffle(shuffle_buffer, seed=seed).skip(start)
+    return tf.data.Dataset.zip(positions, records)
+
+
+def _fetch(source: _Source, element):
+    out = source.load(element) if source.load is not None else source.decode(element)
+    image, label = out[0], out[1]
+    ok = out[2] if len(out) > 2 else tf.constant(True)
+    return image, label, ok
+
+
+def _drop_bad(source: _Source, dataset, config: DataConfig):
+    if config.on_error != "skip" or source.skipped is None:
+        return dataset.map(lambda *e: e[:-1])
+
+    def keep(*element):
+        ok = element[-1]
+        counted = source.skipped.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
+        with tf.control_dependencies([counted]):
+            return tf.identity(ok)
+
+    return dataset.filter(keep).map(lambda *e: e[:-1])
+
+
+def make_train_dataset(
+    config_data: DataConfig,
+    image_size,
+    batch_size: int,
+    seed: int,
+    start_step: int = 0,
+) -> tf.data.Dataset:
+    """The infinite training stream of `(images, one_hot_labels)` batches,
+    starting at batch `start_step`.
+
+    Images are `(batch, height, width, num_channels)` float32, normalised;
+    labels `(batch, num_classes)` float32 (soft under MixUp / CutMix). With
+    `on_error="skip"` the count of dropped images is `dataset.skipped_images`
+    (a variable).
+    """
+    if batch_size < 1 or start_step < 0:
+        raise ValueError(
+            f"batch_size must be >= 1 and start_step >= 0, got {batch_size}, "
+            f"{start_step}."
+        )
+    size = _hw(image_size)
+    source = _source(config_data, size, train=True)
+    num_classes = len(source.class_names)
+    crop = None
+    if config_data.crop_scale_min < 1.0:
+        crop = (config_data.crop_scale_min, 1.0)
+    augmenter = Augmenter(
+        size,
+        crop_scale=crop,
+        flip=config_data.flip,
+        randaugment_ops=config_data.randaugment_ops,
+        randaugment_magnitude=config_data.randaugment_magnitude,
+        mixup_alpha=config_data.mixup_alpha,
+        cutmix_alpha=config_data.cutmix_alpha,
+        pixel_scale=config_data.pixel_scale,
+        resize_method=config_data.resize_method,
+        seed=seed,
+    )
+
+    def prepare(position, element):
+        image, label, ok = _fetch(source, element)
+        image = _normalise(config_data, augmenter.element(image, position))
+        return image, tf.one_hot(label, num_classes), ok
+
+    autotune = tf.data.AUTOTUNE
+    dataset = _elements(
+        source, seed, start_step * batch_size, config_data.shuffle_buffer
+    )
+    dataset = dataset.map(prepare, num_parallel_calls=autotune, deterministic=True)
+    dataset = _drop_bad(source, dataset, config_data)
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    if augmenter.mixes_batches:
+        steps = tf.data.Dataset.range(start_step, 2**62)
+        dataset = tf.data.Dataset.zip(dataset, steps).map(
+            lambda batch, step: augmenter.batch(batch[0], batch[1], step),
+            num_parallel_calls=autotune,
+            deterministic=True,
+        )
+    dataset = dataset.prefetch(autotune)
+    dataset.skipped_images = source.skipped
+    return dataset
+
+
+def make_eval_dataset(
+    config_data: DataConfig, image_size, batch_size: int, max_batches: int | None = None
+) -> tf.data.Dataset:
+    """The held-out split once, in a fixed order: `(images, one_hot_labels)`
+    batches (the last one may be smaller), resized and center-cropped by
+    `eval_crop`, without augmentation."""
+    height, width = _hw(image_size)
+    source = _source(config_data, (height, width), train=False)
+    num_classes = len(source.class_names)
+    crop = config_data.eval_crop
+
+    def prepare(element):
+        image, label, ok = _fetch(source, element)
+        if crop < 1.0:
+            resized = (round(height / crop), round(width / crop))
+            image = tf.image.resize(image, resized, method=config_data.resize_method)
+            image = tf.image.resize_with_crop_or_pad(image, height, width)
+        else:
+            image = tf.image.resize(
+                image, (height, width), method=config_data.resize_method
+            )
+        image = _normalise(config_data, image)
+        return image, tf.one_hot(label, num_classes), ok
+
+    if source.load is not None:
+        dataset = tf.data.Dataset.range(source.size)
+    else:
+        dataset = source.records
+    dataset = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = _drop_bad(source, dataset, config_data).batch(batch_size)
+    if max_batches is not None:
+        dataset = dataset.take(max_batches)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+_CHOICES = {
+    "source": SOURCES,
+    "on_error": ("raise", "skip"),
+    "resize_method": ("bilinear", "bicubic", "nearest", "area"),
+}
+
+
+def validate_data_config(config: DataConfig) -> None:
+    """ValueErrors that name the key, the bad value and what is valid."""
+    for key, choices in _CHOICES.items():
+        if getattr(config, key) not in choices:
+            raise ValueError(
+                f"data.{key} must be one of {list(choices)}, "
+                f"got {getattr(config, key)!r}."
+            )
+    ranges = {
+        "num_classes": (0, None),
+        "num_channels": (1, 4),
+        "pixel_scale": (1e-6, None),
+        "eval_crop": (1e-6, 1.0),
+        "shuffle_buffer": (1, None),
+        "synthetic_size": (1, None),
+        "crop_scale_min": (1e-6, 1.0),
+        "randaugment_ops": (0, 11),
+        "randaugment_magnitude": (0.0, 1.0),
+        "mixup_alpha": (0.0, None),
+        "cutmix_alpha": (0.0, None),
+    }
+    for key, (low, high) in ranges.items():
+        value = getattr(config, key)
+        if isinstance(value, bool) or not low <= value <= (
+            high if high is not None else value
+        ):
+            valid = f"[{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"data.{key} must be in {valid}, got {value!r}.")
+    if len(config.mean) not in (1, config.num_channels) or len(config.std) != len(
+        config.mean
+    ):
+        raise ValueError(
+            f"data.mean and data.std need 1 or num_channels={config.num_channels} "
+            f"values each, got {config.mean!r} and {config.std!r}."
+        )
+    if any(s <= 0 for s in config.std):
+        raise ValueError(f"data.std must be positive, got {config.std!r}.")
+    if config.source in ("folder", "tfrecord", "tfds") and not config.path:
+        raise ValueError(f"source={config.source!r} needs data.path.")
+
+
+def data_keys() -> list[str]:
+    return [f.name for f in dataclasses.fields(DataConfig) if f.name != "arrays"]

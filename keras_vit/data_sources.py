@@ -1,0 +1,273 @@
+"""Where the images come from: the sources behind `keras_vit.data`.
+
+Each split is a `_Source`: a table with random access (`load(index)` and
+`size`: arrays, digits, synthetic, image folders) or a record stream
+(`records` and `decode(record)`: TFRecords, TFDS). The TFRecord schema is in
+`keras_vit.data`'s docstring.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tensorflow as tf
+
+if TYPE_CHECKING:
+    from keras_vit.data import DataConfig
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+TFRECORD_FEATURES = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    "image/filename": tf.io.FixedLenFeature([], tf.string, default_value=""),
+}
+
+
+@dataclass
+class _Source:
+    """A split as a table with random access (`load(index)`, `size`) or as
+    a record stream (`records`, `decode(record)`)."""
+
+    class_names: list[str]
+    size: int | None = None
+    load: object = None
+    records: tf.data.Dataset | None = None
+    decode: object = None
+    skipped: tf.Variable | None = None
+
+
+def _hw(image_size) -> tuple[int, int]:
+    if isinstance(image_size, int):
+        return image_size, image_size
+    return tuple(int(s) for s in image_size)
+
+
+def _digits_arrays():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    # 0..16 ink levels to 0..255 pixels; the same split as tests/conftest.py.
+    pixels = (digits.images * (255.0 / 16.0))[..., None].astype("float32")
+    x_train, x_eval, y_train, y_eval = train_test_split(
+        pixels, digits.target, test_size=0.2, random_state=0, stratify=digits.target
+    )
+    return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval}
+
+
+def _array_source(images, labels, class_names) -> _Source:
+    images = tf.constant(np.asarray(images, dtype="float32"))
+    labels = tf.constant(np.asarray(labels, dtype="int64"))
+    if images.shape.rank != 4 or images.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"arrays must be images (n, height, width, channels) and labels (n,), "
+            f"got {images.shape} and {labels.shape}."
+        )
+    return _Source(
+        class_names,
+        size=int(labels.shape[0]),
+        load=lambda i: (tf.gather(images, i), tf.gather(labels, i)),
+    )
+
+
+def _synthetic_source(config: DataConfig, image_size, train: bool) -> _Source:
+    """Class templates plus noise: learnable, and every pixel a function of
+    (class, index), so nothing is stored."""
+    height, width = _hw(image_size)
+    classes = config.num_classes or 10
+    shape = (height, width, config.num_channels)
+    offset = 0 if train else config.synthetic_size
+
+    def load(i):
+        label = i % classes
+        template = tf.random.stateless_uniform(shape, tf.stack([label, 17]))
+        noise = tf.random.stateless_uniform(shape, tf.stack([i + offset, 29]))
+        return (0.7 * template + 0.3 * noise) * config.pixel_scale, label
+
+    return _Source(
+        [str(c) for c in range(classes)], size=config.synthetic_size, load=load
+    )
+
+
+def _valid_image_bytes(contents: tf.Tensor) -> tf.Tensor:
+    """Cheap check that a file is a whole PNG / JPEG / GIF / BMP: the magic
+    bytes at the start and the end marker near the end (catches empty,
+    non-image and truncated files, which `decode_image` would reject without
+    naming the file)."""
+    head = tf.strings.substr(contents, 0, 8)
+    length = tf.strings.length(contents)
+    tail = tf.strings.substr(contents, tf.maximum(length - 64, 0), 64)
+    tail_bytes = tf.io.decode_raw(tail, tf.uint8)
+    pairs = tf.logical_and(tail_bytes[:-1] == 0xFF, tail_bytes[1:] == 0xD9)
+    is_jpeg = tf.logical_and(
+        tf.strings.substr(head, 0, 3) == b"\xff\xd8\xff", tf.reduce_any(pairs)
+    )
+    is_png = tf.logical_and(
+        head == b"\x89PNG\r\n\x1a\n",
+        tf.strings.substr(contents, tf.maximum(length - 8, 0), 4) == b"IEND",
+    )
+    is_gif = tf.logical_and(
+        tf.strings.substr(head, 0, 3) == b"GIF",
+        tf.strings.substr(contents, tf.maximum(length - 1, 0), 1) == b";",
+    )
+    is_bmp = tf.strings.substr(head, 0, 2) == b"BM"
+    return tf.reduce_any(tf.stack([is_jpeg, is_png, is_gif, is_bmp]))
+
+
+def _decoder(config: DataConfig):
+    """`decode(contents, name) -> (image or None-placeholder, ok)`: raises an
+    error naming the file, or (on_error="skip") flags it to be dropped."""
+
+    def decode(contents, name):
+        ok = _valid_image_bytes(contents)
+        if config.on_error == "raise":
+            check = tf.debugging.Assert(
+                ok, ["keras_vit.data: cannot decode image file", name], summarize=1
+            )
+            with tf.control_dependencies([check]):
+                contents = tf.identity(contents)
+        else:
+            # A 1x1 stand-in keeps shapes static; the element is filtered out.
+            contents = tf.where(
+                ok, contents, tf.io.encode_png(tf.zeros((1, 1, 1), tf.uint8))
+            )
+        image = tf.io.decode_image(
+            contents, channels=config.num_channels, expand_animations=False
+        )
+        return tf.cast(image, tf.float32), ok
+
+    return decode
+
+
+def _folder_source(config: DataConfig, split: str) -> _Source:
+    root = Path(config.path) / split
+    if not root.is_dir():
+        raise ValueError(
+            f"Image folder {str(root)!r} does not exist; data.path must hold one "
+            f"folder per split ({config.train_split!r}, {config.eval_split!r}), "
+            "each with one folder per class."
+        )
+    class_names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    paths, labels = [], []
+    for label, name in enumerate(class_names):
+        for file in sorted((root / name).iterdir()):
+            if file.suffix.lower() in IMAGE_EXTENSIONS:
+                paths.append(str(file))
+                labels.append(label)
+    if not paths:
+        raise ValueError(
+            f"No images ({', '.join(IMAGE_EXTENSIONS)}) under {str(root)!r}/<class>/."
+        )
+    paths_t, labels_t = tf.constant(paths), tf.constant(labels, tf.int64)
+    skipped = tf.Variable(0, dtype=tf.int64, trainable=False)
+    decode = _decoder(config)
+
+    def load(i):
+        path = tf.gather(paths_t, i)
+        image, ok = decode(tf.io.read_file(path), path)
+        return image, tf.gather(labels_t, i), ok
+
+    return _Source(class_names, size=len(paths), load=load, skipped=skipped)
+
+
+def _tfrecord_source(config: DataConfig, split: str) -> _Source:
+    pattern = os.path.join(config.path, f"{split}-*.tfrecord")
+    files = sorted(tf.io.gfile.glob(pattern))
+    if not files:
+        raise ValueError(f"No TFRecord files match {pattern!r}.")
+    if config.num_classes < 1:
+        raise ValueError("source='tfrecord' needs data.num_classes >= 1.")
+    skipped = tf.Variable(0, dtype=tf.int64, trainable=False)
+    decode_bytes = _decoder(config)
+
+    def decode(record):
+        example = tf.io.parse_single_example(record, TFRECORD_FEATURES)
+        name = tf.strings.join(
+            [f"{pattern} record named '", example["image/filename"], "'"]
+        )
+        image, ok = decode_bytes(example["image/encoded"], name)
+        return image, example["image/class/label"], ok
+
+    records = tf.data.TFRecordDataset(files)
+    names = [str(c) for c in range(config.num_classes)]
+    return _Source(names, records=records, decode=decode, skipped=skipped)
+
+
+def _tfds_source(config: DataConfig, split: str) -> _Source:
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise ValueError(
+            "source='tfds' needs tensorflow-datasets: pip install tensorflow-datasets"
+        ) from None
+    try:
+        builder = tfds.builder(config.path, data_dir=config.tfds_data_dir or None)
+        records = builder.as_dataset(split=split, shuffle_files=False)
+    except Exception as error:  # tfds raises several types for missing data
+        raise ValueError(
+            f"TFDS dataset {config.path!r} split {split!r} is not available locally "
+            f"({error}); prepare it first (tfds build) — nothing is downloaded here."
+        ) from error
+    names = list(builder.info.features["label"].names)
+
+    def decode(example):
+        image = (
+            tf.image.grayscale_to_rgb(example["image"])
+            if (example["image"].shape[-1] == 1 and config.num_channels == 3)
+            else example["image"]
+        )
+        return tf.cast(image, tf.float32), example["label"], tf.constant(True)
+
+    return _Source(names, records=records, decode=decode)
+
+
+def write_tfrecords(
+    images,
+    labels,
+    path: str | os.PathLike,
+    split: str = "train",
+    num_shards: int = 1,
+    filenames: list[str] | None = None,
+) -> list[str]:
+    """Writes uint8 `images (n, height, width, channels)` and int `labels`
+    as PNG-encoded examples in the module's TFRecord schema; returns the
+    file names (`<path>/<split>-00000-of-0000N.tfrecord`)."""
+    images = np.asarray(images)
+    labels = np.asarray(labels)
+    if images.ndim != 4 or len(images) != len(labels) or num_shards < 1:
+        raise ValueError(
+            f"write_tfrecords needs images (n, h, w, c), labels (n,) and "
+            f"num_shards >= 1; got {images.shape}, {labels.shape}, {num_shards}."
+        )
+    os.makedirs(path, exist_ok=True)
+    files = [
+        os.path.join(path, f"{split}-{s:05d}-of-{num_shards:05d}.tfrecord")
+        for s in range(num_shards)
+    ]
+    writers = [tf.io.TFRecordWriter(f) for f in files]
+    try:
+        for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+            name = filenames[i] if filenames else f"{split}_{i}.png"
+            feature = {
+                "image/encoded": _bytes(
+                    tf.io.encode_png(image.astype("uint8")).numpy()
+                ),
+                "image/class/label": tf.train.Feature(
+                    int64_list=tf.train.Int64List(value=[int(label)])
+                ),
+                "image/filename": _bytes(name.encode()),
+            }
+            example = tf.train.Example(features=tf.train.Features(feature=feature))
+            writers[i % num_shards].write(example.SerializeToString())
+    finally:
+        for writer in writers:
+            writer.close()
+    return files
+
+
+def _bytes(value: bytes) -> tf.train.Feature:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))

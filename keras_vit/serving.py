@@ -1,0 +1,386 @@
+"""What runs against an exported model: the preprocessing contract between
+a model and its clients, image loading, `predict` over a SavedModel, a
+`.tflite` file or a `.keras` file, and the TF Serving request format used for
+warm-up records.
+
+Clients send raw pixels in `[0, pixel_scale]` (255 for 8-bit images); the
+model sees `(pixels / pixel_scale - mean) / std` at `image_size`. Images of
+another size are resized first, with `resize_method` as in training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_vit.vit import image_hw
+
+SERVING_INPUT = "pixels"
+BYTES_SIGNATURE = "classify_images"
+BYTES_INPUT = "images"
+PREPROCESSING_KEYS = (
+    "image_size",
+    "num_channels",
+    "mean",
+    "std",
+    "pixel_scale",
+    "resize_method",
+)
+RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "mitchellcubic")
+
+
+def normalize_preprocessing(model: keras.Model, preprocessing: dict | None) -> dict:
+    """Checks `preprocessing` against the model and fills in the defaults.
+
+    Keys: `image_size` (h, w), `num_channels` (alias `channels`), `mean` and
+    `std` (one value per channel, or one for all), `pixel_scale` (255: clients
+    send 0..255) and `resize_method` (for the bytes signature). Defaults: the
+    model's input size and channels, mean 0, std 1, pixel_scale 255, bilinear.
+    """
+    height, width, channels = (int(d) for d in model.inputs[0].shape[1:])
+    given = dict(preprocessing or {})
+    if "channels" in given:
+        given.setdefault("num_channels", given.pop("channels"))
+    unknown = set(given) - set(PREPROCESSING_KEYS)
+    if unknown:
+        raise ValueError(
+            f"Unknown preprocessing keys {sorted(unknown)}; valid keys are "
+            f"{list(PREPROCESSING_KEYS)} (or 'channels')."
+        )
+    size = list(image_hw(given.get("image_size", (height, width))))
+    if size != [height, width]:
+        raise ValueError(
+            f"preprocessing image_size {size} does not match the model's input "
+            f"size {[height, width]}."
+        )
+    if int(given.get("num_channels", channels)) != channels:
+        raise ValueError(
+            f"preprocessing num_channels {given['num_channels']!r} does not match "
+            f"the model's {channels} input channels."
+        )
+    result = {"image_size": size, "num_channels": channels}
+    for key, default in (("mean", 0.0), ("std", 1.0)):
+        values = np.atleast_1d(np.asarray(given.get(key, default), dtype="float64"))
+        if values.ndim != 1 or len(values) not in (1, channels):
+            raise ValueError(
+                f"preprocessing {key} must be one number or {channels} (one per "
+                f"channel), got {given.get(key)!r}."
+            )
+        values = np.broadcast_to(values, (channels,))
+        if not np.all(np.isfinite(values)) or (key == "std" and np.any(values <= 0)):
+            raise ValueError(
+                f"preprocessing {key} must be finite (std > 0), got {given[key]!r}."
+            )
+        result[key] = [float(v) for v in values]
+    scale = float(given.get("pixel_scale", 255.0))
+    if not np.isfinite(scale) or scale <= 0:
+        raise ValueError(f"preprocessing pixel_scale must be > 0, got {scale!r}.")
+    result["pixel_scale"] = scale
+    method = given.get("resize_method", "bilinear")
+    if method not in RESIZE_METHODS:
+        raise ValueError(
+            f"preprocessing resize_method {method!r} is not one of {RESIZE_METHODS}."
+        )
+    result["resize_method"] = method
+    return result
+
+
+def normalize_pixels(pixels, preprocessing: dict):
+    """Raw pixels -> model input, `(pixels / pixel_scale - mean) / std`.
+    Works on numpy arrays and tensors; the serving graph uses it too."""
+    mean = np.asarray(preprocessing["mean"], dtype="float32")
+    std = np.asarray(preprocessing["std"], dtype="float32")
+    return (pixels / np.float32(preprocessing["pixel_scale"]) - mean) / std
+
+
+def resize_pixels(pixels, preprocessing: dict):
+    """Resizes a `(batch, h, w, c)` pixel batch to the model size as the training
+    pipeline does (`tf.image.resize` with `resize_method`, no antialiasing);
+    an image already at the model size is passed through untouched."""
+    pixels = tf.convert_to_tensor(pixels, tf.float32)
+    size = preprocessing["image_size"]
+    same_size = tf.reduce_all(tf.equal(tf.shape(pixels)[1:3], size))
+    return tf.cond(
+        same_size,
+        lambda: pixels,
+        lambda: tf.cast(
+            tf.image.resize(pixels, size, method=preprocessing["resize_method"]),
+            tf.float32,
+        ),
+    )
+
+
+def ends_in_softmax(model: keras.Model) -> bool:
+    last = model.layers[-1]
+    if not isinstance(last, keras.layers.Activation):
+        return False
+    activation = keras.activations.serialize(last.activation)
+    name = activation if isinstance(activation, str) else activation.get("config")
+    if name not in ("softmax", "linear"):
+        raise ValueError(
+            f"export_model needs a model that returns logits or softmax "
+            f"probabilities; {model.name!r} ends in activation {name!r}."
+        )
+    return name == "softmax"
+
+
+# TF Serving's protos (tensorflow_serving/apis/{model,predict,prediction_log}
+# .proto) are not in the tensorflow wheel and tensorflow-serving-api pins the
+# full tensorflow package, so the few messages a warm-up file needs are declared
+# here with the upstream field numbers, in a private descriptor pool (no clash
+# if tensorflow_serving is imported too). Fields not written are left out.
+_SERVING_MESSAGES = {
+    "ModelSpec": [("name", 1, "string"), ("signature_name", 3, "string")],
+    "PredictRequest": [
+        ("model_spec", 1, ".tensorflow.serving.ModelSpec"),
+        ("inputs", 2, "map"),
+    ],
+    "PredictLog": [("request", 1, ".tensorflow.serving.PredictRequest")],
+    "PredictionLog": [("predict_log", 6, ".tensorflow.serving.PredictLog")],
+}
+
+
+def _serving_message_classes() -> dict:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from tensorflow.core.framework import tensor_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+
+    def add(file_descriptor):
+        for dependency in file_descriptor.dependencies:
+            add(dependency)
+        try:
+            pool.FindFileByName(file_descriptor.name)
+        except KeyError:
+            pool.Add(
+                descriptor_pb2.FileDescriptorProto.FromString(
+                    file_descriptor.serialized_pb
+                )
+            )
+
+    add(tensor_pb2.DESCRIPTOR)
+    fields = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="keras_vit/tf_serving_prediction_log.proto",
+        package="tensorflow.serving",
+        syntax="proto3",
+        dependency=[tensor_pb2.DESCRIPTOR.name],
+    )
+    for message_name, message_fields in _SERVING_MESSAGES.items():
+        message = proto.message_type.add(name=message_name)
+        for field_name, number, kind in message_fields:
+            field = message.field.add(
+                name=field_name, number=number, label=fields.LABEL_OPTIONAL
+            )
+            if kind == "string":
+                field.type = fields.TYPE_STRING
+            elif kind == "map":
+                entry = message.nested_type.add(name="InputsEntry")
+                entry.options.map_entry = True
+                entry.field.add(
+                    name="key",
+                    number=1,
+                    type=fields.TYPE_STRING,
+                    label=fields.LABEL_OPTIONAL,
+                )
+                entry.field.add(
+                    name="value",
+                    number=2,
+                    type=fields.TYPE_MESSAGE,
+                    type_name=".tensorflow.TensorProto",
+                    label=fields.LABEL_OPTIONAL,
+                )
+                field.label = fields.LABEL_REPEATED
+                field.type = fields.TYPE_MESSAGE
+                field.type_name = f".tensorflow.serving.{message_name}.InputsEntry"
+            else:
+                field.type = fields.TYPE_MESSAGE
+                field.type_name = kind
+    pool.Add(proto)
+    return {
+        name: message_factory.GetMessageClass(
+            pool.FindMessageTypeByName(f"tensorflow.serving.{name}")
+        )
+        for name in _SERVING_MESSAGES
+    }
+
+
+def prediction_log_bytes(model_name: str, signature: str, inputs: dict) -> bytes:
+    """A serialized `tensorflow.serving.PredictionLog` holding one PredictRequest
+    for `signature` with `inputs` (name -> `tf.make_tensor_proto(...)`)."""
+    log = _serving_message_classes()["PredictionLog"]()
+    request = log.predict_log.request
+    request.model_spec.name = model_name
+    request.model_spec.signature_name = signature
+    for key, tensor in inputs.items():
+        request.inputs[key].ParseFromString(tensor.SerializeToString())
+    return log.SerializeToString()
+
+
+def _to_pixels(item, preprocessing: dict) -> np.ndarray:
+    """One image (a file path or an `(h, w)` / `(h, w, c)` array of raw pixels)
+    as float32 `(h, w, c)`."""
+    channels = preprocessing["num_channels"]
+    if isinstance(item, str | os.PathLike):
+        path = Path(item)
+        if not path.is_file():
+            raise FileNotFoundError(f"image {str(item)!r} does not exist")
+        contents = path.read_bytes()
+        try:
+            if contents.startswith(b"\xff\xd8\xff") and channels in (1, 3):
+                # As the bytes signature decodes JPEGs (accurate IDCT).
+                decoded = tf.io.decode_jpeg(
+                    contents, channels=channels, dct_method="INTEGER_ACCURATE"
+                )
+            else:
+                decoded = tf.io.decode_image(
+                    contents, channels=channels, expand_animations=False
+                )
+        except tf.errors.InvalidArgumentError:
+            raise ValueError(
+                f"cannot decode image {str(item)!r}: expected a JPEG, PNG, GIF or "
+                "BMP file"
+            ) from None
+        return decoded.numpy().astype("float32") * (
+            preprocessing["pixel_scale"] / 255.0
+        )
+    array = np.asarray(item, dtype="float32")
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.ndim != 3 or array.shape[-1] != channels:
+        raise ValueError(
+            f"an image array must be (height, width, {channels}) raw pixels, got "
+            f"shape {array.shape}."
+        )
+    return array
+
+
+def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
+    """Files or arrays -> a float32 raw pixel batch `(n, H, W, C)` at the model
+    size, resized as the bytes signature does. Raises ValueError on NaN / Inf
+    (a `.tflite` file would not catch them)."""
+    if isinstance(images_or_paths, str | os.PathLike):
+        items = [images_or_paths]
+    elif isinstance(images_or_paths, np.ndarray) and images_or_paths.ndim == 4:
+        items = list(images_or_paths)
+    elif isinstance(images_or_paths, np.ndarray):
+        items = [images_or_paths]
+    else:
+        items = list(images_or_paths)
+    if not items:
+        raise ValueError("no images given")
+    batch = []
+    for index, item in enumerate(items):
+        pixels = _to_pixels(item, preprocessing)
+        if not np.all(np.isfinite(pixels)):
+            raise ValueError(f"image {index} holds NaN or Inf pixels.")
+        if list(pixels.shape[:2]) != preprocessing["image_size"]:
+            pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
+        batch.append(pixels)
+    return np.stack(batch).astype("float32")
+
+
+def _saved_model_dir(path: Path) -> Path | None:
+    """`path` itself, or the highest version under a TF Serving model folder."""
+    if (path / "saved_model.pb").is_file():
+        return path
+    versions = sorted(
+        (
+            p
+            for p in path.iterdir()
+            if p.name.isdigit() and (p / "saved_model.pb").is_file()
+        ),
+        key=lambda p: int(p.name),
+    )
+    return versions[-1] if versions else None
+
+
+def find_metadata(model_path) -> Path:
+    """The `metadata.json` that describes an exported model file or folder."""
+    path = Path(model_path)
+    candidates = []
+    if path.is_dir():
+        candidates += [path / "assets" / "metadata.json", path / "metadata.json"]
+    else:
+        stem = path.stem
+        for kind in ("float16", "dynamic_int8", "int8"):
+            if path.suffix == ".tflite" and stem.endswith(f"_{kind}"):
+                stem = stem[: -len(kind) - 1]
+        candidates += [path.parent / stem / "metadata.json"]
+        candidates += [path.parent / "metadata.json"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ValueError(
+        f"no metadata.json found for {str(model_path)!r} (looked at "
+        f"{[str(c) for c in candidates]}); export the model with "
+        "keras_vit.export_model, or pass metadata="
+    )
+
+
+def predict(
+    model_path, images_or_paths, top_k: int = 5, *, metadata=None
+) -> list[list[tuple[str, float]]]:
+    """Top-k `(label, probability)` pairs per image, best first.
+
+    Args:
+        model_path: a SavedModel folder (or a TF Serving model folder holding
+            numbered versions: the highest is used), a `.tflite` file or a
+            `.keras` file, as written by `export_model`.
+        images_or_paths: an image file path, raw pixel array `(h, w[, c])` or
+            batch `(n, h, w, c)`, or a list of paths / arrays; any size.
+        top_k: how many classes per image.
+        metadata: the export's metadata dict or `metadata.json` path; default:
+            found beside the model (see `find_metadata`).
+    """
+    path = Path(model_path)
+    if not path.exists():
+        raise FileNotFoundError(f"model {str(model_path)!r} does not exist")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive int, got {top_k!r}.")
+    if path.is_dir():
+        saved_model = _saved_model_dir(path)
+        if saved_model is None:
+            raise ValueError(
+                f"{str(model_path)!r} is a folder without saved_model.pb or "
+                "numbered versions holding one."
+            )
+        path = saved_model
+    elif path.suffix not in (".tflite", ".keras"):
+        raise ValueError(
+            f"model {str(model_path)!r}: expected a SavedModel folder, a .tflite "
+            "file or a .keras file."
+        )
+    if metadata is None:
+        metadata = find_metadata(path)
+    if not isinstance(metadata, dict):
+        metadata = json.loads(Path(metadata).read_text())
+    labels = metadata["labels"]
+    pixels = load_pixels(images_or_paths, metadata["preprocessing"])
+    if path.is_dir():
+        signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+        probabilities = signature(pixels=tf.constant(pixels))["probabilities"]
+    elif path.suffix == ".tflite":
+        from keras_vit.tflite import Runner
+
+        probabilities = Runner(path)(pixels)["probabilities"]
+    else:
+        import keras_vit  # noqa: F401  registers the layers for loading
+
+        model = keras.saving.load_model(str(path))
+        scores = model.predict(
+            normalize_pixels(pixels, metadata["preprocessing"]), verbose=0
+        )
+        probabilities = scores if ends_in_softmax(model) else tf.nn.softmax(scores)
+    probabilities = np.asarray(probabilities)
+    k = min(top_k, len(labels))
+    order = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]
+    return [
+        [(labels[i], float(row[i])) for i in top]
+        for row, top in zip(probabilities, order, strict=True)
+    ]

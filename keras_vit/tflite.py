@@ -1,0 +1,170 @@
+"""TFLite files from an exported SavedModel, builtin ops only, run with LiteRT.
+
+Four kinds (`KINDS`): `float32`; `float16` (weights stored as float16,
+computed in float32); `dynamic_int8` (int8 weights, activations quantized on
+the fly); `int8` (full-integer: weights and activations int8, calibrated on a
+representative set of raw pixel images). Every kind keeps the SavedModel's
+`serving_default` interface: float32 raw pixels `(batch, H, W, C)` in, float32
+`logits` / `probabilities` out, so the same client code runs all four; `int8`
+quantizes at its input and dequantizes at its outputs.
+
+Conversion goes through `tf.lite.TFLiteConverter.from_saved_model` (the Keras 3
+`from_keras_model` path is broken) with `TFLITE_BUILTINS` (or
+`TFLITE_BUILTINS_INT8`) only: Flex (SELECT_TF_OPS) kernels are absent from a
+stock mobile runtime, and `check_builtin_only` proves none slipped in.
+
+The SavedModel's in-graph shape and NaN checks are `tf.debugging.Assert` ops,
+which have no TFLite builtin; the converter drops them. A `.tflite` file
+therefore does not check its input: `predict` checks it in Python, and on a
+device the app must. What a NaN pixel does there: in `float32` and `float16`
+that image's outputs are all NaN (other images in the batch are unaffected);
+in `dynamic_int8` and `int8` the quantizer maps NaN to some in-range value and
+the output looks like an ordinary prediction, so check before you call.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+KINDS = ("float32", "float16", "dynamic_int8", "int8")
+SIGNATURE = "serving_default"
+# At most this many representative images calibrate the int8 ranges (evenly
+# spaced through the set beyond it). On the digits model, 300 random images
+# gave 98.9-100% top-1 agreement depending on the draw, all 1,437 gave 99.7%.
+MAX_CALIBRATION_IMAGES = 2000
+
+
+def file_name(name: str, kind: str) -> str:
+    """`digits.tflite` for float32, `digits_<kind>.tflite` for the others."""
+    return f"{name}.tflite" if kind == "float32" else f"{name}_{kind}.tflite"
+
+
+def check_kinds(kinds) -> tuple[str, ...]:
+    if isinstance(kinds, str):
+        kinds = (kinds,)
+    kinds = tuple(kinds or ())
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"Unknown TFLite kinds {bad}; valid kinds are {list(KINDS)}.")
+    return kinds
+
+
+def convert(saved_model_dir, kind: str, representative_pixels=None) -> bytes:
+    """Converts the SavedModel's `serving_default` signature to a `.tflite`
+    flatbuffer of `kind`; `int8` needs `representative_pixels`, raw pixel images
+    `(n, H, W, C)` like the ones it will see."""
+    check_kinds(kind)
+    converter = tf.lite.TFLiteConverter.from_saved_model(
+        str(saved_model_dir), signature_keys=[SIGNATURE]
+    )
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if kind != "float32":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if kind == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    if kind == "int8":
+        if representative_pixels is None or len(representative_pixels) == 0:
+            raise ValueError(
+                "Full-integer int8 conversion needs representative_images: raw "
+                "pixel images (n, height, width, channels) from the training data."
+            )
+        calibration = np.asarray(representative_pixels, dtype="float32")
+        if len(calibration) > MAX_CALIBRATION_IMAGES:
+            keep = np.linspace(0, len(calibration) - 1, MAX_CALIBRATION_IMAGES)
+            calibration = calibration[keep.astype(int)]
+
+        def representative_dataset():
+            for image in calibration:
+                yield {"pixels": image[None]}
+
+        converter.representative_dataset = representative_dataset
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    with warnings.catch_warnings():
+        # int8 calibration runs TF's own deprecated tf.lite.Interpreter inside.
+        warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
+        return converter.convert()
+
+
+def _operator_names() -> dict[int, str]:
+    from ai_edge_litert import schema_py_generated as schema
+
+    return {
+        code: name
+        for name, code in vars(schema.BuiltinOperator).items()
+        if not name.startswith("_")
+    }
+
+
+def operators(model) -> list[str]:
+    """Sorted operator names in a `.tflite` flatbuffer (bytes or path): builtin
+    names such as `FULLY_CONNECTED`, custom ops as `CUSTOM:<code>` (Flex ops
+    are custom ops named `Flex<TfOp>`)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    content = Path(model).read_bytes() if isinstance(model, str | Path) else model
+    flatbuffer = schema.Model.GetRootAsModel(bytearray(content), 0)
+    names = _operator_names()
+    found = set()
+    for i in range(flatbuffer.OperatorCodesLength()):
+        code = flatbuffer.OperatorCodes(i)
+        # Builtin codes above 127 live in `builtin_code`; older ones in the
+        # deprecated int8 field. The larger of the two is the real one.
+        builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+        if builtin == schema.BuiltinOperator.CUSTOM:
+            found.add(f"CUSTOM:{(code.CustomCode() or b'').decode()}")
+        else:
+            found.add(names.get(builtin, f"BUILTIN_{builtin}"))
+    return sorted(found)
+
+
+def check_builtin_only(model) -> list[str]:
+    """Raises ValueError if the flatbuffer holds Flex or other custom ops;
+    returns its operator names."""
+    ops = operators(model)
+    custom = [op for op in ops if op.startswith("CUSTOM:")]
+    if custom:
+        flex = [op for op in custom if op.startswith("CUSTOM:Flex")]
+        raise ValueError(
+            f"TFLite model uses non-builtin ops {custom}"
+            + (" (Flex / SELECT_TF_OPS ops)" if flex else "")
+            + "; it would not run on a stock LiteRT runtime."
+        )
+    return ops
+
+
+class Runner:
+    """Runs a `.tflite` file's `serving_default` with the LiteRT interpreter;
+    any batch size (the input is resized per call)."""
+
+    def __init__(self, model, num_threads: int | None = None):
+        from ai_edge_litert.interpreter import Interpreter
+
+        if isinstance(model, str | Path):
+            self.interpreter = Interpreter(
+                model_path=str(model), num_threads=num_threads
+            )
+        else:
+            self.interpreter = Interpreter(model_content=model, num_threads=num_threads)
+        signatures = self.interpreter.get_signature_list()
+        if SIGNATURE not in signatures:
+            raise ValueError(
+                f"TFLite model has no {SIGNATURE!r} signature (it has "
+                f"{sorted(signatures)}); export it with keras_vit.export_model."
+            )
+        self.runner = self.interpreter.get_signature_runner(SIGNATURE)
+        details = self.runner.get_input_details()["pixels"]
+        self.input_shape = tuple(int(d) for d in details["shape_signature"][1:])
+        self.outputs = sorted(signatures[SIGNATURE]["outputs"])
+
+    def __call__(self, pixels) -> dict[str, np.ndarray]:
+        pixels = np.ascontiguousarray(pixels, dtype="float32")
+        if pixels.ndim != 4 or pixels.shape[1:] != self.input_shape:
+            raise ValueError(
+                f"pixels must have shape (batch, "
+                f"{', '.join(map(str, self.input_shape))}), got {pixels.shape}."
+            )
+        return {k: np.array(v) for k, v in self.runner(pixels=pixels).items()}

@@ -1,0 +1,365 @@
+"""The training config: dataclasses, validation, command-line overrides and
+recipe files.
+
+A recipe is a Python file in `recipes/configs/` with `get_config()` returning
+a `TrainConfig`; keys are dotted (`optim.learning_rate`, `data.source`,
+`model.variant`) and every one can be overridden from the command line.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from keras_vit.data import DataConfig, validate_data_config
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes" / "configs"
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+STRATEGY_NAMES = ("default", "mirrored", "multiworker", "tpu")
+
+
+@dataclass
+class ModelConfig:
+    """`ViT(variant, image_size, ...)`; 0 / "" / None keeps the variant's value.
+
+    `resize_at`: progressive resizing, `((step, image_size), ...)`: from that
+    optimizer step on the model is rebuilt at the new size with
+    `keras_vit.weights.with_image_size` (position embedding resampled).
+    `pretrained`: a `.keras` file whose weights initialise the model by layer
+    name (resized to `image_size`; a head of another shape is left fresh).
+    """
+
+    variant: str = "Ti/16"
+    image_size: int = 224
+    patch_size: int = 0
+    hidden_dim: int = 0
+    num_layers: int = 0
+    num_heads: int = 0
+    mlp_dim: int = 0
+    pooling: str = "token"
+    representation_size: int = 0
+    dropout_rate: float = 0.0
+    attention_dropout_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    layer_scale_init: float = 0.0
+    resize_at: tuple = ()
+    pretrained: str = ""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay.
+
+    `lr_base_batch_size > 0` scales the learning rate linearly with the
+    effective global batch (`batch_size * gradient_accumulation_steps`), as
+    DeiT does: `lr = learning_rate * batch / lr_base_batch_size`. Biases,
+    norms, layer scales, position embedding and tokens get no weight decay.
+    """
+
+    learning_rate: float = 1e-3
+    lr_base_batch_size: int = 0
+    warmup_steps: int = 0
+    end_lr_fraction: float = 0.0
+    weight_decay: float = 0.05
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    clipnorm: float = 1.0
+    gradient_accumulation_steps: int = 1
+    use_ema: bool = False
+    ema_momentum: float = 0.9999
+    label_smoothing: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    """One training run. Steps count batches (`optimizer.iterations`); a
+    Keras "epoch" is one checkpoint interval of `checkpoint_every` steps."""
+
+    name: str = "run"
+    run_dir: str = ""  # "": runs/<name>
+    seed: int = 0
+    smoke: bool = False
+    strategy: str = "default"
+    precision: str = "float32"
+    jit_compile: bool = False
+    batch_size: int = 64  # global, split over replicas
+    eval_batch_size: int = 256
+    total_steps: int = 1000
+    checkpoint_every: int = 100
+    eval_every: int = 0  # in checkpoint intervals; 0: only at the end
+    verbose: int = 1  # Keras progress bar: 0 silent, 1 bar, 2 one line per epoch
+    export_name: str = ""  # "": no export into export_root
+    export_root: str = "saved_models"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig}
+
+
+def config_keys() -> list[str]:
+    """Every key `override` accepts, dotted."""
+    keys = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in _SECTIONS]
+    for section, cls in _SECTIONS.items():
+        keys += [
+            f"{section}.{f.name}" for f in dataclasses.fields(cls) if f.name != "arrays"
+        ]
+    return keys
+
+
+def _parse(key: str, text, default):
+    if not isinstance(text, str):
+        return text
+    if isinstance(default, bool):
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        raise ValueError(f"{key} must be true or false, got {text!r}.")
+    if isinstance(default, int | float | tuple):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise ValueError(
+                f"{key} must be a {type(default).__name__}, got {text!r}."
+            ) from None
+        if isinstance(default, tuple) and isinstance(value, list | tuple):
+            return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        if isinstance(default, float) and isinstance(value, int):
+            return float(value)
+        return value
+    return text
+
+
+def override(config: TrainConfig, **values) -> TrainConfig:
+    """A copy of `config` with dotted keys replaced (`{"optim.learning_rate":
+    "3e-4"}`); strings are parsed to the key's type. Unknown keys raise a
+    ValueError listing the valid ones."""
+    sections = {name: getattr(config, name) for name in _SECTIONS}
+    top = {}
+    valid = config_keys()
+    for key, text in values.items():
+        if key not in valid:
+            raise ValueError(
+                f"Unknown config key {key!r}; valid keys are: {', '.join(valid)}."
+            )
+        section, _, name = key.rpartition(".")
+        target = sections[section] if section else config
+        value = _parse(key, text, getattr(target, name))
+        if section:
+            sections[section] = dataclasses.replace(sections[section], **{name: value})
+        else:
+            top[name] = value
+    return dataclasses.replace(config, **top, **sections)
+
+
+def parse_overrides(args: list[str]) -> dict:
+    """`["--set", "a.b=1", "--optim.learning_rate", "3e-4", "--smoke"]` ->
+    `{"a.b": "1", "optim.learning_rate": "3e-4", "smoke": "true"}`."""
+    values, i = {}, 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--set":
+            if i + 1 == len(args) or "=" not in args[i + 1]:
+                raise ValueError(
+                    "--set needs key=value, e.g. --set optim.learning_rate=3e-4"
+                )
+            key, _, value = args[i + 1].partition("=")
+            values[key] = value
+            i += 2
+        elif arg.startswith("--") and "=" in arg:
+            key, _, value = arg[2:].partition("=")
+            values[key] = value
+            i += 1
+        elif arg.startswith("--"):
+            key = arg[2:]
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                values[key] = args[i + 1]
+                i += 2
+            else:  # a bare flag: a boolean switched on
+                values[key] = "true"
+                i += 1
+        else:
+            raise ValueError(
+                f"Unexpected argument {arg!r}; use --key value or --set key=value."
+            )
+    return values
+
+
+def _check(key, value, low, high=None, kind=(int, float)):
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ValueError(f"{key} must be a number, got {value!r}.")
+    if value < low or (high is not None and value > high):
+        valid = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{key} must be in {valid}, got {value!r}.")
+
+
+def validate(config: TrainConfig) -> TrainConfig:
+    """ValueErrors naming the key, the bad value and the valid range."""
+    for key, value, choices in (
+        ("precision", config.precision, PRECISIONS),
+        ("strategy", config.strategy, STRATEGY_NAMES),
+        ("model.pooling", config.model.pooling, ("token", "gap")),
+    ):
+        if value not in choices:
+            raise ValueError(f"{key} must be one of {list(choices)}, got {value!r}.")
+    for key, low, high in (
+        ("seed", 0, 2**31 - 1),
+        ("batch_size", 1, None),
+        ("eval_batch_size", 1, None),
+        ("total_steps", 1, None),
+        ("checkpoint_every", 1, None),
+        ("eval_every", 0, None),
+        ("verbose", 0, 2),
+    ):
+        _check(key, getattr(config, key), low, high, int)
+    model, optim = config.model, config.optim
+    for key in (
+        "image_size",
+        "patch_size",
+        "hidden_dim",
+        "num_layers",
+        "num_heads",
+        "mlp_dim",
+        "representation_size",
+    ):
+        _check(
+            f"model.{key}",
+            getattr(model, key),
+            1 if key == "image_size" else 0,
+            None,
+            int,
+        )
+    for key in ("dropout_rate", "attention_dropout_rate", "drop_path_rate"):
+        _check(f"model.{key}", getattr(model, key), 0.0, 0.99)
+    _check("model.layer_scale_init", model.layer_scale_init, 0.0)
+    for key, low, high in (
+        ("learning_rate", 1e-12, 10.0),
+        ("weight_decay", 0.0, 10.0),
+        ("beta_1", 0.0, 1.0),
+        ("beta_2", 0.0, 1.0),
+        ("clipnorm", 0.0, None),
+        ("end_lr_fraction", 0.0, 1.0),
+        ("ema_momentum", 0.0, 1.0),
+        ("label_smoothing", 0.0, 0.99),
+    ):
+        _check(f"optim.{key}", getattr(optim, key), low, high)
+    for key, low in (
+        ("lr_base_batch_size", 0),
+        ("warmup_steps", 0),
+        ("gradient_accumulation_steps", 1),
+    ):
+        _check(f"optim.{key}", getattr(optim, key), low, None, int)
+    ce = config.checkpoint_every
+    if config.total_steps % ce:
+        raise ValueError(
+            f"total_steps ({config.total_steps}) must be a multiple of "
+            f"checkpoint_every ({config.checkpoint_every}), e.g. "
+            f"{config.checkpoint_every * max(1, config.total_steps // ce)}."
+        )
+    if optim.warmup_steps >= config.total_steps:
+        raise ValueError(
+            f"optim.warmup_steps must be < total_steps={config.total_steps}, "
+            f"got {optim.warmup_steps}."
+        )
+    previous = 0
+    for stage in model.resize_at:
+        if not (isinstance(stage, tuple) and len(stage) == 2):
+            raise ValueError(
+                "model.resize_at must be ((step, image_size), ...), "
+                f"got {model.resize_at!r}."
+            )
+        step, _ = stage
+        if not previous < step < config.total_steps or step % config.checkpoint_every:
+            raise ValueError(
+                f"model.resize_at steps must increase, lie in (0, total_steps="
+                f"{config.total_steps}) and be multiples of checkpoint_every="
+                f"{config.checkpoint_every}; got {step!r} in {model.resize_at!r}."
+            )
+        previous = step
+    validate_data_config(config.data)
+    return config
+
+
+def smoke_version(config: TrainConfig) -> TrainConfig:
+    """The two-step version of a run: 2 steps, a checkpoint after each,
+    evaluation capped at two batches, a resize (if any) after step 1, no
+    export, at most 8 images a batch, images of at most ~32x32 and at most
+    two transformer blocks (width and heads are kept)."""
+    from keras_vit.vit import VARIANTS
+
+    patch = config.model.patch_size or int(config.model.variant.partition("/")[2] or 16)
+
+    def small(size):
+        return size if size <= 32 else max(patch, 32 // patch * patch)
+
+    resize = (
+        ((1, small(config.model.resize_at[-1][1])),) if config.model.resize_at else ()
+    )
+    batch = min(config.batch_size, 8)
+    return dataclasses.replace(
+        config,
+        smoke=True,
+        total_steps=2,
+        checkpoint_every=1,
+        eval_every=0,
+        batch_size=batch,
+        eval_batch_size=min(config.eval_batch_size, 8),
+        export_name="",
+        model=dataclasses.replace(
+            config.model,
+            image_size=small(config.model.image_size),
+            resize_at=resize,
+            num_layers=min(
+                config.model.num_layers
+                or VARIANTS.get(config.model.variant.partition("/")[0], {}).get(
+                    "num_layers", 2
+                ),
+                2,
+            ),
+        ),
+        optim=dataclasses.replace(
+            config.optim,
+            warmup_steps=min(config.optim.warmup_steps, 1),
+            gradient_accumulation_steps=1,
+        ),
+    )
+
+
+def recipe_names() -> list[str]:
+    return sorted(
+        p.stem for p in RECIPES_DIR.glob("*.py") if not p.stem.startswith("_")
+    )
+
+
+def base_recipe(name_or_path: str) -> TrainConfig:
+    """`get_config()` of a recipe, as it is: for recipes built on others."""
+    path = Path(name_or_path)
+    if path.suffix != ".py":
+        path = RECIPES_DIR / f"{name_or_path}.py"
+    if not path.is_file():
+        raise ValueError(
+            f"No recipe {name_or_path!r}; valid recipes are {recipe_names()} "
+            "(or a path to a .py config file)."
+        )
+    spec = importlib.util.spec_from_file_location(f"keras_vit_recipe_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"{path}: get_config() must return a TrainConfig.")
+    return config
+
+
+def load_recipe(name_or_path: str, overrides: dict | None = None) -> TrainConfig:
+    """`get_config()` of `recipes/configs/<name>.py` (or of a file path),
+    with `overrides` applied and validated; `smoke=true` shrinks it."""
+    config = override(base_recipe(name_or_path), **(overrides or {}))
+    if config.smoke:
+        config = smoke_version(config)
+    return validate(config)

@@ -1,0 +1,405 @@
+"""The trainer: `train(config)` runs one recipe from data to an exported model.
+
+Steps are batches (`optimizer.iterations`); `model.fit` runs "epochs" of
+`checkpoint_every` steps on an infinite, deterministic stream, so resuming
+at step s is `make_train_dataset(..., start_step=s)` and
+`initial_epoch = s // checkpoint_every`.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from keras_vit import checkpoint as checkpoint_lib
+from keras_vit import data as data_lib
+from keras_vit import distribute
+from keras_vit.train_config import (
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+    config_keys,
+    load_recipe,
+    override,
+    validate,
+)
+from keras_vit.vit import ViT
+from keras_vit.weights import with_image_size
+
+__all__ = [
+    "ModelConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "build_model",
+    "config_keys",
+    "learning_rate_schedule",
+    "load_recipe",
+    "make_optimizer",
+    "override",
+    "train",
+    "validate",
+]
+
+# Variables that get no weight decay besides every 1-D one (biases, norms,
+# layer scales): timm's and big_vision's choice.
+NO_DECAY_NAMES = ("pos_embedding", "cls_token", "dist_token")
+
+
+def build_model(config: TrainConfig, num_classes: int, image_size: int | None = None):
+    """The recipe's ViT at `image_size` (default `model.image_size`)."""
+    m = config.model
+    options = {
+        key: getattr(m, key) or None
+        for key in (
+            "patch_size",
+            "hidden_dim",
+            "num_layers",
+            "num_heads",
+            "mlp_dim",
+            "representation_size",
+            "layer_scale_init",
+        )
+    }
+    model = ViT(
+        m.variant,
+        image_size=image_size or m.image_size,
+        num_classes=num_classes,
+        num_channels=config.data.num_channels,
+        pooling=m.pooling,
+        dropout_rate=m.dropout_rate,
+        attention_dropout_rate=m.attention_dropout_rate,
+        drop_path_rate=m.drop_path_rate,
+        **options,
+    )
+    if m.pretrained:
+        _load_pretrained(model, m.pretrained)
+    return model
+
+
+def _load_pretrained(model: keras.Model, path: str) -> None:
+    """Copies weights by layer name from a `.keras` model, resized to this
+    model's input; layers whose weight shapes differ (a new head) stay fresh."""
+    if not Path(path).is_file():
+        raise ValueError(f"model.pretrained {path!r} is not a file.")
+    source = keras.saving.load_model(path, compile=False)
+    if tuple(source.input_shape[1:3]) != tuple(model.input_shape[1:3]):
+        source = with_image_size(source, model.input_shape[1:3])
+    for layer in model.layers:
+        try:
+            weights = source.get_layer(layer.name).get_weights()
+        except ValueError:
+            continue
+        if [w.shape for w in weights] == [tuple(w.shape) for w in layer.weights]:
+            layer.set_weights(weights)
+
+
+def scaled_learning_rate(config: TrainConfig) -> float:
+    optim = config.optim
+    if not optim.lr_base_batch_size:
+        return optim.learning_rate
+    batch = config.batch_size * optim.gradient_accumulation_steps
+    return optim.learning_rate * batch / optim.lr_base_batch_size
+
+
+def learning_rate_schedule(config: TrainConfig):
+    """Linear warmup from 0 to the (scaled) peak, then cosine decay to
+    `end_lr_fraction * peak` at `total_steps`."""
+    optim = config.optim
+    peak = scaled_learning_rate(config)
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if optim.warmup_steps else peak,
+        decay_steps=config.total_steps - optim.warmup_steps,
+        alpha=optim.end_lr_fraction,
+        warmup_target=peak if optim.warmup_steps else None,
+        warmup_steps=optim.warmup_steps,
+    )
+
+
+def make_optimizer(config: TrainConfig, model: keras.Model, start_step: int = 0):
+    """AdamW with the schedule, clipping, accumulation and EMA of the config;
+    wrapped in a `LossScaleOptimizer` under `mixed_float16`."""
+    optim = config.optim
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=learning_rate_schedule(config),
+        weight_decay=optim.weight_decay,
+        beta_1=optim.beta_1,
+        beta_2=optim.beta_2,
+        clipnorm=optim.clipnorm or None,
+        gradient_accumulation_steps=(
+            optim.gradient_accumulation_steps
+            if optim.gradient_accumulation_steps > 1
+            else None
+        ),
+        use_ema=optim.use_ema,
+        ema_momentum=optim.ema_momentum,
+    )
+    optimizer.exclude_from_weight_decay(
+        var_list=[
+            v
+            for v in model.trainable_variables
+            if len(v.shape) <= 1 or v.name in NO_DECAY_NAMES
+        ]
+    )
+    if start_step:
+        # A rebuilt stage continues the schedule where the last one stopped.
+        optimizer.iterations.assign(start_step)
+    if config.precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def _compile(model, config, strategy, start_step):
+    distribute.compile_model(
+        model,
+        strategy=strategy,
+        jit_compile=config.jit_compile,
+        optimizer=make_optimizer(config, model, start_step),
+        loss=keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=config.optim.label_smoothing
+        ),
+        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+    )
+
+
+def _stages(config: TrainConfig) -> list[tuple[int, int, int]]:
+    """`(first_step, end_step, image_size)` for each resolution."""
+    bounds = [(0, config.model.image_size), *config.model.resize_at]
+    ends = [step for step, _ in bounds[1:]] + [config.total_steps]
+    return [(start, end, size) for (start, size), end in zip(bounds, ends, strict=True)]
+
+
+def _stage_of_checkpoint(stages, step: int):
+    """The stage that wrote the checkpoint at `step` (the end of its last
+    interval), i.e. the one with `first < step <= end`."""
+    for index, (first, end, _) in enumerate(stages):
+        if first < step <= end:
+            return index
+    return 0
+
+
+def _callbacks(run_dir: Path, chief: bool):
+    # Saves every interval, atomically; a NaN loss raises NonFiniteLossError
+    # and keeps the last good checkpoint.
+    callbacks = [checkpoint_lib.CheckpointCallback(run_dir / "checkpoints")]
+    if chief:
+        callbacks.append(
+            keras.callbacks.CSVLogger(str(run_dir / "history.csv"), append=True)
+        )
+        if _has_tensorboard():
+            callbacks.append(
+                keras.callbacks.TensorBoard(
+                    str(run_dir / "tensorboard"), write_graph=False
+                )
+            )
+    return callbacks
+
+
+def _has_tensorboard() -> bool:
+    # tf.summary needs the `tensorboard` package, which tensorflow-cpu does
+    # not pull in; without it the run goes on with the CSV history only.
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def plot_history(history_csv: Path, png: Path) -> Path | None:
+    """Loss and accuracy against the step, one panel each; None without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    with open(history_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return None
+    epochs = np.array([int(r["epoch"]) + 1 for r in rows])
+    figure, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for axis, metric in zip(axes, ("loss", "accuracy"), strict=True):
+        for prefix in ("", "val_"):
+            column = prefix + metric
+            if column in rows[0]:
+                values = [_number(r[column]) for r in rows]
+                axis.plot(epochs, values, marker=".", label=column)
+        axis.set_xlabel("checkpoint interval")
+        axis.set_title(metric)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(png, dpi=100)
+    plt.close(figure)
+    return png
+
+
+def _representative_images(
+    config: TrainConfig, image_size, count: int = 32
+) -> np.ndarray:
+    """Raw pixels in `[0, pixel_scale]` from the eval split, for int8
+    calibration and serving warm-up."""
+    dataset = data_lib.make_eval_dataset(config.data, image_size, count, max_batches=1)
+    images = next(iter(dataset))[0].numpy()
+    mean = np.asarray(config.data.mean, "float32")
+    std = np.asarray(config.data.std, "float32")
+    return (images * std + mean) * config.data.pixel_scale
+
+
+def _export(model, config, labels, preprocessing, image_size) -> dict:
+    from keras_vit.export import export_model
+
+    result = export_model(
+        model,
+        config.export_name,
+        root=config.export_root,
+        labels=labels,
+        preprocessing=preprocessing,
+        representative_images=_representative_images(config, image_size),
+    )
+    return result if isinstance(result, dict) else {"path": str(result)}
+
+
+def train(config: TrainConfig) -> dict:
+    """Trains, evaluates on the held-out split, saves and (with
+    `export_name`) exports; a rerun of the same config resumes from the last
+    checkpoint in the run folder. Returns the run metadata (also written to
+    `<run_dir>/metadata.json`): `accuracy`, `eval_loss`, `steps`, `run_dir`,
+    `paths`, `preprocessing`, `labels`, `train_seconds`, ..."""
+    config = validate(config)
+    previous_policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(config.precision)
+    try:
+        return _train(config)
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def _train(config: TrainConfig) -> dict:
+    started = time.perf_counter()
+    run_dir = Path(config.run_dir or Path("runs") / config.name)
+    strategy = distribute.get_strategy(config.strategy)
+    distribute.per_replica_batch_size(config.batch_size, strategy)
+    chief = distribute.is_chief(strategy)
+    if chief:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(_as_dict(config), indent=2))
+    labels = data_lib.class_names(config.data, config.model.image_size)
+    keras.utils.set_random_seed(config.seed)
+    stages = _stages(config)
+    checkpoints = run_dir / "checkpoints"
+
+    # A checkpoint holds the model at the size of the stage that wrote it.
+    saved = [entry["step"] for entry in checkpoint_lib.list_checkpoints(checkpoints)]
+    latest = max(saved, default=0)
+    with strategy.scope():
+        model = build_model(
+            config, len(labels), stages[_stage_of_checkpoint(stages, latest)][2]
+        )
+        _compile(model, config, strategy, 0)
+    step = checkpoint_lib.restore_latest(checkpoints, model)
+
+    ce = config.checkpoint_every
+    skipped = []
+    trained = False
+    for _, end, size in stages:
+        if end <= step:
+            continue
+        if tuple(model.input_shape[1:3]) != (size, size):
+            with strategy.scope():
+                model = with_image_size(model, size)
+                _compile(model, config, strategy, step)
+        train_ds = data_lib.make_train_dataset(
+            config.data, size, config.batch_size, config.seed, start_step=step
+        )
+        if train_ds.skipped_images is not None:
+            skipped.append(train_ds.skipped_images)
+        fit_kwargs = {}
+        if config.eval_every:
+            fit_kwargs = dict(
+                validation_data=data_lib.make_eval_dataset(
+                    config.data, size, config.eval_batch_size
+                ),
+                validation_freq=config.eval_every,
+            )
+        model.fit(
+            train_ds,
+            steps_per_epoch=ce,
+            epochs=end // ce,
+            initial_epoch=step // ce,
+            callbacks=_callbacks(run_dir, chief),
+            verbose=config.verbose,
+            **fit_kwargs,
+        )
+        step = end
+        trained = True
+    if config.optim.use_ema and not trained:
+        # `fit` swaps the EMA weights in when it ends; checkpoints hold the
+        # raw ones, so a rerun of a finished run swaps them in itself.
+        model.optimizer.finalize_variable_values(model.trainable_variables)
+    train_seconds = time.perf_counter() - started
+
+    size = stages[-1][2]
+    eval_ds = data_lib.make_eval_dataset(
+        config.data,
+        size,
+        config.eval_batch_size,
+        max_batches=2 if config.smoke else None,
+    )
+    results = model.evaluate(eval_ds, verbose=0, return_dict=True)
+    accuracy = float(results["accuracy"])
+    print(f"{config.name}: held-out accuracy {accuracy:.4f} after {step} steps")
+    preprocessing = data_lib.preprocessing(config.data, size)
+    metadata = {
+        "name": config.name,
+        "accuracy": accuracy,
+        "eval_loss": float(results["loss"]),
+        "steps": int(step),
+        "optimizer_iterations": int(model.optimizer.iterations.numpy()),
+        "train_seconds": round(train_seconds, 2),
+        "run_dir": str(run_dir),
+        "precision": config.precision,
+        "strategy": config.strategy,
+        "replicas": strategy.num_replicas_in_sync,
+        "labels": labels,
+        "preprocessing": preprocessing,
+        "skipped_images": int(sum(int(v.numpy()) for v in skipped)),
+        "paths": {},
+    }
+    if chief:
+        paths = metadata["paths"]
+        paths["model"] = str(run_dir / "model.keras")
+        model.save(paths["model"])
+        history = run_dir / "history.csv"
+        if history.exists():
+            paths["history"] = str(history)
+            curves = plot_history(history, run_dir / "curves.png")
+            if curves:
+                paths["curves"] = str(curves)
+        if _has_tensorboard():
+            paths["tensorboard"] = str(run_dir / "tensorboard")
+        if config.export_name:
+            metadata["export"] = _export(model, config, labels, preprocessing, size)
+        (run_dir / "metadata.json").write_text(
+            json.dumps(metadata, indent=2, default=str)
+        )
+    metadata["model"] = model
+    return metadata
+
+
+def _as_dict(config: TrainConfig) -> dict:
+    result = dataclasses.asdict(config)
+    result["data"].pop("arrays", None)
+    return result
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:  # CSVLogger writes "NA" for epochs without a value
+        return float("nan")

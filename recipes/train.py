@@ -1,0 +1,43 @@
+"""Runs a recipe: `python recipes/train.py [RECIPE] [--key value | --set key=value]...`
+
+RECIPE is a name in recipes/configs/ (default: digits) or a path to a config
+file. Every config key can be overridden, e.g.
+
+    python recipes/train.py digits --optim.learning_rate 1e-3 --set batch_size=128
+    python recipes/train.py digits --smoke       # a two-step run
+    python recipes/train.py --keys               # list the valid keys
+"""
+
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from keras_vit.train_config import config_keys, load_recipe, parse_overrides  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if argv[:1] == ["--keys"]:
+        print("\n".join(config_keys()))
+        return 0
+    recipe = "digits"
+    if argv and not argv[0].startswith("--"):
+        recipe, argv = argv[0], argv[1:]
+    try:
+        config = load_recipe(recipe, parse_overrides(argv))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from keras_vit.training import train
+
+    metadata = train(config)
+    print(f"accuracy={metadata['accuracy']:.4f} run_dir={metadata['run_dir']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,569 @@
+"""SavedModel export: parity in a fresh process, signatures (golden
+saved_model_cli output), bytes and pixel inputs, in-graph checks, warm-up
+records, metadata, atomic versions, TF Serving over REST."""
+
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import REPO, read_json, run_python
+from PIL import Image
+from tensorflow.core.framework import tensor_pb2
+
+from keras_vit import serving
+from keras_vit.export import export_model, predict
+
+GOLDEN = Path(__file__).parent / "golden" / "saved_model_cli_show.txt"
+DIGITS_PREPROCESSING = {
+    "image_size": (16, 16),
+    "channels": 1,
+    "mean": [0.5],
+    "std": [0.5],
+    "pixel_scale": 255.0,
+}
+
+
+def raw_pixels(images: np.ndarray) -> np.ndarray:
+    """The fixture's normalised images back to the raw 0..255 pixels a client
+    sends."""
+    return ((images * 0.5 + 0.5) * 255.0).astype("float32")
+
+
+def digits_train_pixels() -> np.ndarray:
+    """Raw pixels of the training split the `digits_model` fixture trained on
+    (same split), to calibrate int8: the held-out images stay held out."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    pixels = np.kron(digits.images * (255.0 / 16.0), np.ones((2, 2)))[..., None]
+    x_train, _, _, _ = train_test_split(
+        pixels, digits.target, test_size=0.2, random_state=0, stratify=digits.target
+    )
+    return x_train.astype("float32")
+
+
+# One export per trained model and process, shared with test_tflite.py
+# (conversion is the slow part).
+_EXPORTS = {}
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory, digits_model):
+    """The digits model exported once with all four TFLite kinds:
+    (root, metadata, model, x_test, y_test, labels)."""
+    model, x_test, y_test, labels = digits_model
+    if id(model) not in _EXPORTS:
+        root = tmp_path_factory.mktemp("saved_models")
+        metadata = export_model(
+            model,
+            "digits",
+            root,
+            labels=labels,
+            preprocessing=DIGITS_PREPROCESSING,
+            representative_images=digits_train_pixels(),
+            verify_images=raw_pixels(x_test),
+            variant="Ti/4",
+        )
+        _EXPORTS[id(model)] = root, metadata
+    root, metadata = _EXPORTS[id(model)]
+    return root, metadata, model, x_test, y_test, labels
+
+
+def keras_outputs(model, images) -> dict:
+    logits = np.asarray(model(images, training=False))
+    return {"logits": logits, "probabilities": np.asarray(tf.nn.softmax(logits))}
+
+
+def encode(pixels: np.ndarray, fmt: str, scale: int = 1) -> list[bytes]:
+    """Each raw pixel image as PNG / JPEG file bytes written by PIL."""
+    files = []
+    for image in pixels:
+        picture = Image.fromarray(np.round(image[..., 0]).astype("uint8"), "L")
+        if scale > 1:
+            picture = picture.resize((16 * scale, 16 * scale), Image.NEAREST)
+        buffer = io.BytesIO()
+        picture.save(buffer, fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+        files.append(buffer.getvalue())
+    return files
+
+
+@pytest.fixture(scope="module")
+def signatures(exported):
+    root = exported[0]
+    loaded = tf.saved_model.load(str(root / "digits" / "1"))
+    return loaded.signatures["serving_default"], loaded.signatures["classify_images"]
+
+
+@pytest.mark.slow
+def test_saved_model_matches_keras_in_fresh_process(exported, tmp_path):
+    root, _, model, x_test, _, _ = exported
+    np.save(tmp_path / "pixels.npy", raw_pixels(x_test[:7]))
+    run_python(
+        """
+        import sys
+        import numpy as np
+        import tensorflow as tf
+        loaded = tf.saved_model.load(sys.argv[1])
+        serve = loaded.signatures["serving_default"]
+        pixels = np.load(sys.argv[2])
+        outputs = {}
+        for batch in (1, 7):
+            result = serve(pixels=tf.constant(pixels[:batch]))
+            for key, value in result.items():
+                outputs[f"{key}_{batch}"] = value.numpy()
+        assert not any(m.startswith("keras_vit") for m in sys.modules), "imported"
+        np.savez(sys.argv[3], **outputs)
+        """,
+        str(root / "digits" / "1"),
+        str(tmp_path / "pixels.npy"),
+        str(tmp_path / "outputs.npz"),
+    )
+    outputs = np.load(tmp_path / "outputs.npz")
+    for batch in (1, 7):
+        expected = keras_outputs(model, x_test[:batch])
+        for key in ("logits", "probabilities"):
+            got = outputs[f"{key}_{batch}"]
+            assert got.shape == (batch, 10)
+            np.testing.assert_allclose(got, expected[key], rtol=0, atol=1e-5)
+
+
+def normalised_cli_output(text: str) -> str:
+    """saved_model_cli output without what changes between runs and TF
+    builds: the graph's op set (internals, not the interface) and the numbered
+    suffix of call-op tensor names."""
+    text = re.sub(r"contains the following ops: \{.*\}", "contains ops: <ops>", text)
+    text = re.sub(r"StatefulPartitionedCall(_\d+)?:", "StatefulPartitionedCall:", text)
+    return "\n".join(line.rstrip() for line in text.strip().splitlines()) + "\n"
+
+
+@pytest.mark.slow
+def test_saved_model_cli_show_matches_golden(exported):
+    cli = shutil.which("saved_model_cli")
+    if cli is None:
+        pytest.skip("saved_model_cli (from the tensorflow wheel) is not on PATH")
+    proc = subprocess.run(
+        [cli, "show", "--dir", str(exported[0] / "digits" / "1"), "--all"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        check=True,
+    )
+    text = normalised_cli_output(proc.stdout)
+    if os.environ.get("KERAS_VIT_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_bytes_signature_matches_tensor_path(exported, signatures):
+    serve, classify = signatures
+    pixels = raw_pixels(exported[3])
+    tensor_top1 = serve(pixels=pixels)["probabilities"].numpy().argmax(-1)
+
+    # PNG is lossless: decoding + the tensor path on the same 8-bit pixels.
+    rounded = serve(pixels=np.round(pixels))["probabilities"].numpy()
+    png = classify(images=tf.constant(encode(pixels, "PNG")))
+    assert png["class_ids"].shape == (len(pixels), 5)
+    np.testing.assert_array_equal(png["class_ids"][:, 0], rounded.argmax(-1))
+    np.testing.assert_allclose(png["probabilities"][:, 0], rounded.max(-1), atol=1e-5)
+    labels = png["labels"].numpy().astype(str)
+    np.testing.assert_array_equal(labels, png["class_ids"].numpy().astype(str))
+    assert np.mean(png["class_ids"][:, 0] == tensor_top1) >= 0.99
+
+    # JPEG is lossy: top-1 equals the tensor path on the pixels PIL decodes.
+    jpeg_files = encode(pixels, "JPEG")
+    jpeg = classify(images=tf.constant(jpeg_files))
+    decoded = np.stack(
+        [
+            np.asarray(Image.open(io.BytesIO(f)), "float32")[..., None]
+            for f in jpeg_files
+        ]
+    )
+    decoded_top1 = serve(pixels=decoded)["probabilities"].numpy().argmax(-1)
+    np.testing.assert_array_equal(jpeg["class_ids"][:, 0], decoded_top1)
+    assert np.mean(jpeg["class_ids"][:, 0] == tensor_top1) >= 0.98
+
+
+def test_bytes_signature_resizes_any_size(signatures, exported):
+    serve, classify = signatures
+    pixels = raw_pixels(exported[3][:20])
+    big = classify(images=tf.constant(encode(pixels, "PNG", scale=3)))
+    upscaled = np.repeat(np.repeat(np.round(pixels), 3, axis=1), 3, axis=2)
+    resized = tf.image.resize(upscaled, (16, 16))  # bilinear, as exported
+    expected = serve(pixels=resized)["probabilities"].numpy()
+    np.testing.assert_array_equal(big["class_ids"][:, 0], expected.argmax(-1))
+    np.testing.assert_allclose(big["probabilities"][:, 0], expected.max(-1), atol=1e-5)
+
+
+def test_bytes_signature_rejects_non_image_bytes(signatures):
+    _, classify = signatures
+    png = encode(np.zeros((1, 16, 16, 1), "float32"), "PNG")[0]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be JPEG or PNG"):
+        classify(images=tf.constant([png, b"GIF89a not what we take"]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Invalid PNG"):
+        classify(images=tf.constant([png[:30]]))
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8, 1), (2, 16, 16, 3), (16, 16, 1)])
+def test_wrong_shape_is_invalid_argument_naming_expected_shape(signatures, shape):
+    serve, _ = signatures
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        serve(pixels=tf.zeros(shape))
+    message = str(error.value)
+    assert "must have shape (batch, 16, 16, 1)" in message
+    assert "got shape] [" + " ".join(map(str, shape)) + "]" in message
+
+
+def test_wrong_dtype_is_invalid_argument(signatures):
+    # Checked by the runtime before the graph runs (TF Serving does the same).
+    serve, classify = signatures
+    with pytest.raises(tf.errors.InvalidArgumentError, match="expected to be a float"):
+        serve(pixels=tf.zeros((1, 16, 16, 1), tf.uint8))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="expected to be a string"):
+        classify(images=tf.zeros((1,), tf.float32))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_pixels_are_invalid_argument(signatures, bad):
+    serve, _ = signatures
+    pixels = np.full((2, 16, 16, 1), 128.0, "float32")
+    pixels[1, 3, 4, 0] = bad
+    with pytest.raises(tf.errors.InvalidArgumentError, match="got NaN or Inf"):
+        serve(pixels=pixels)
+    assert serve(pixels=pixels[:1])["probabilities"].shape == (1, 10)
+
+
+def test_metadata_and_assets(exported):
+    root, metadata, model, *_ = exported
+    on_disk = read_json(root / "digits" / "metadata.json")
+    assert on_disk == read_json(root / "digits" / "1" / "assets" / "metadata.json")
+    assert on_disk == json.loads(json.dumps(metadata))
+    labels = (root / "digits" / "1" / "assets" / "labels.txt").read_text().split()
+    assert labels == on_disk["labels"] == [str(i) for i in range(10)]
+    assert on_disk["preprocessing"] == {
+        "image_size": [16, 16],
+        "num_channels": 1,
+        "mean": [0.5],
+        "std": [0.5],
+        "pixel_scale": 255.0,
+        "resize_method": "bilinear",
+    }
+    arch = on_disk["architecture"]
+    assert (arch["variant"], arch["patch_size"], arch["hidden_dim"]) == ("Ti/4", 4, 64)
+    assert (arch["num_layers"], arch["num_heads"], arch["mlp_dim"]) == (2, 4, 128)
+    assert arch["parameters"] == model.count_params()
+    assert on_disk["versions"]["tensorflow"] == tf.__version__
+    assert set(on_disk["versions"]) == {
+        "tensorflow",
+        "keras",
+        "keras_vit",
+        "ai_edge_litert",
+    }
+    parity = on_disk["parity"]
+    assert parity["num_images"] == 360
+    assert parity["saved_model"]["max_abs_diff_logits"] < 1e-5
+    assert parity["saved_model"]["top1_agreement"] == 1.0
+    # The SavedModel's size is everything but the metadata file itself.
+    version = root / "digits" / "1"
+    size = sum(p.stat().st_size for p in version.rglob("*") if p.is_file())
+    size -= (version / "assets" / "metadata.json").stat().st_size
+    assert on_disk["files"]["digits/1"] == size
+    for name in ("digits.tflite", "digits_int8.tflite"):
+        assert on_disk["files"][name] == (root / name).stat().st_size
+
+
+def _walk_fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
+    """Top-level (field number, wire type, value) of a protobuf message,
+    parsed from the wire format by hand (independent of our descriptors)."""
+
+    def varint(pos):
+        value = shift = 0
+        while True:
+            byte = data[pos]
+            value |= (byte & 0x7F) << shift
+            pos += 1
+            shift += 7
+            if not byte & 0x80:
+                return value, pos
+
+    fields, pos = [], 0
+    while pos < len(data):
+        key, pos = varint(pos)
+        number, wire = key >> 3, key & 7
+        assert wire in (0, 2), wire
+        if wire == 0:
+            value, pos = varint(pos)
+        else:
+            length, pos = varint(pos)
+            value, pos = data[pos : pos + length], pos + length
+        fields.append((number, wire, value))
+    return fields
+
+
+def test_warmup_requests_are_prediction_logs_that_run(exported, signatures):
+    path = exported[0] / "digits" / "1" / "assets.extra" / "tf_serving_warmup_requests"
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
+    assert len(records) == 2
+    classes = serving._serving_message_classes()
+    by_name = dict(zip(("serving_default", "classify_images"), signatures, strict=True))
+    for record in records:
+        # PredictionLog.predict_log = 6 -> PredictLog.request = 1 ->
+        # PredictRequest {model_spec = 1 {name = 1, signature_name = 3},
+        # inputs = 2 (map entries key = 1, value = 2 TensorProto)}.
+        ((number, _, predict_log),) = _walk_fields(record)
+        assert number == 6
+        ((number, _, request),) = _walk_fields(predict_log)
+        assert number == 1
+        request_fields = _walk_fields(request)
+        assert [f[0] for f in request_fields] == [1, 2]
+        spec = dict((n, v) for n, _, v in _walk_fields(request_fields[0][2]))
+        assert spec[1] == b"digits"
+        signature = spec[3].decode()
+        entry = dict((n, v) for n, _, v in _walk_fields(request_fields[1][2]))
+        tensor = tf.make_ndarray(tensor_pb2.TensorProto.FromString(entry[2]))
+        log = classes["PredictionLog"].FromString(record)
+        assert log.predict_log.request.model_spec.signature_name == signature
+        outputs = by_name[signature](**{entry[1].decode(): tf.constant(tensor)})
+        assert outputs["probabilities"].shape[0] == 1
+
+
+def test_predict_reads_every_format(exported, tmp_path):
+    root, _, model, x_test, _, _ = exported
+    pixels = raw_pixels(x_test[:6])
+    files = []
+    for i, data in enumerate(encode(pixels, "PNG")):
+        files.append(tmp_path / f"digit{i}.png")
+        files[-1].write_bytes(data)
+    expected = keras_outputs(model, (np.round(pixels) / 255.0 - 0.5) / 0.5)
+    expected_top = [str(i) for i in expected["probabilities"].argmax(-1)]
+    for model_path in (
+        root / "digits",
+        root / "digits" / "1",
+        root / "digits.tflite",
+        root / "digits.keras",
+    ):
+        results = predict(model_path, files, top_k=3)
+        assert [len(r) for r in results] == [3] * 6
+        assert [r[0][0] for r in results] == expected_top, model_path
+        best = [r[0][1] for r in results]
+        np.testing.assert_allclose(best, expected["probabilities"].max(-1), atol=1e-4)
+    one = predict(root / "digits.keras", np.round(pixels[0]), top_k=20)
+    assert len(one) == 1 and len(one[0]) == 10
+    assert one[0][0][0] == expected_top[0]
+
+
+def test_predict_rejects_bad_input(exported, tmp_path):
+    root = exported[0]
+    with pytest.raises(FileNotFoundError, match="nope.tflite"):
+        predict(root / "nope.tflite", np.zeros((16, 16, 1)))
+    with pytest.raises(FileNotFoundError, match="missing.png"):
+        predict(root / "digits.tflite", [tmp_path / "missing.png"])
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    with pytest.raises(ValueError, match="cannot decode image .*notes.png"):
+        predict(root / "digits.tflite", [text])
+    with pytest.raises(ValueError, match=r"\(height, width, 1\).*\(16, 16, 3\)"):
+        predict(root / "digits.tflite", np.zeros((16, 16, 3)))
+    nan = np.zeros((16, 16, 1))
+    nan[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="image 0 holds NaN"):
+        predict(root / "digits.tflite", nan)
+    other = tmp_path / "model.onnx"
+    other.write_text("")
+    with pytest.raises(ValueError, match="expected a SavedModel folder"):
+        predict(other, nan)
+
+
+def test_export_rejects_bad_arguments_before_writing(exported, tmp_path):
+    root, _, model, *_ = exported
+    before = sorted(p.name for p in (root / "digits").iterdir())
+    with pytest.raises(ValueError, match="Version 1 of 'digits' already exists"):
+        export_model(model, "digits", root, version=1, tflite=())
+    with pytest.raises(ValueError, match="needs representative_images"):
+        export_model(model, "other", tmp_path, tflite=("int8",))
+    with pytest.raises(ValueError, match="3 labels given for a model with 10"):
+        export_model(model, "other", tmp_path, labels=["a", "b", "c"])
+    with pytest.raises(ValueError, match=r"image_size \[32, 32\] does not match"):
+        export_model(model, "other", tmp_path, preprocessing={"image_size": 32})
+    with pytest.raises(ValueError, match="Unknown TFLite kinds \\['int4'\\]"):
+        export_model(model, "other", tmp_path, tflite=("int4",))
+    with pytest.raises(ValueError, match="Unknown preprocessing keys \\['scale'\\]"):
+        export_model(model, "other", tmp_path, preprocessing={"scale": 255})
+    assert sorted(p.name for p in (root / "digits").iterdir()) == before
+    assert not (tmp_path / "other").exists() or not any((tmp_path / "other").iterdir())
+
+
+KILLED_EXPORT = """
+import sys, time
+import keras
+import keras_vit
+from keras_vit import export
+
+def stall(path, *args, **kwargs):
+    print("PARTIAL", path, flush=True)
+    time.sleep(600)
+
+export.write_warmup_requests = stall
+model = keras.saving.load_model(sys.argv[1])
+export.export_model(model, "digits", sys.argv[2], tflite=())
+"""
+
+
+@pytest.mark.slow
+def test_killed_export_leaves_previous_version_intact(exported, tmp_path):
+    shared, _, model, *_ = exported
+    root = tmp_path / "models"
+    shutil.copytree(shared / "digits", root / "digits")
+    shutil.copy(shared / "digits.keras", root / "digits.keras")
+    version_1 = root / "digits" / "1"
+    snapshot = {p: p.read_bytes() for p in version_1.rglob("*") if p.is_file()}
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(KILLED_EXPORT)]
+        + [str(root / "digits.keras"), str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PARTIAL "), line
+        partial = Path(line.split(maxsplit=1)[1].strip())
+        assert (partial / "saved_model.pb").is_file()  # the SavedModel is written
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    # TF Serving loads only folders named by an integer: the partial one is
+    # hidden and version 1 is byte for byte what it was.
+    numbered = sorted(p.name for p in (root / "digits").iterdir() if p.name.isdigit())
+    assert numbered == ["1"]
+    assert partial.exists() and partial.name.startswith(".2.partial-")
+    assert {p: p.read_bytes() for p in version_1.rglob("*") if p.is_file()} == snapshot
+    assert predict(root / "digits", np.zeros((16, 16, 1)))[0][0][0] in set("0123456789")
+
+    # The next export cleans up the dead one's leftovers and takes version 2.
+    metadata = export_model(
+        model, "digits", root, preprocessing=DIGITS_PREPROCESSING, tflite=()
+    )
+    assert metadata["version"] == 2 and not partial.exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_tf_serving_rest_prediction(exported, tmp_path):
+    server = shutil.which("tensorflow_model_server")
+    if server is None:
+        pytest.skip("tensorflow_model_server is not on PATH")
+    root, _, model, x_test, _, _ = exported
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            server,
+            f"--rest_api_port={port}",
+            "--port=0",
+            "--model_name=digits",
+            f"--model_base_path={root / 'digits'}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/v1/models/digits"
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if b'"AVAILABLE"' in response.read():
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError((tmp_path / "server.log").read_text())
+        body = json.dumps({"instances": raw_pixels(x_test[:3]).tolist()}).encode()
+        request = urllib.request.Request(f"{url}:predict", data=body)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            predictions = json.loads(response.read())["predictions"]
+        got = np.array([p["probabilities"] for p in predictions])
+        expected = keras_outputs(model, x_test[:3])["probabilities"]
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def test_export_recipe_reads_the_training_runs_metadata(exported, tmp_path, capsys):
+    import importlib.util
+
+    model = exported[2]
+    run_dir = tmp_path / "runs" / "digits"
+    run_dir.mkdir(parents=True)
+    model.save(run_dir / "model.keras")
+    labels = [f"digit {i}" for i in range(10)]
+    preprocessing = {**DIGITS_PREPROCESSING, "resize_method": "nearest"}
+    preprocessing["num_channels"] = preprocessing.pop("channels")
+    (run_dir / "metadata.json").write_text(
+        json.dumps({"labels": labels, "preprocessing": preprocessing})
+    )
+    spec = importlib.util.spec_from_file_location(
+        "recipe_export", REPO / "recipes" / "export.py"
+    )
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    root = tmp_path / "saved_models"
+    argv = [str(run_dir / "model.keras"), "--root", str(root), "--name", "vit_digits"]
+    assert recipe.main([*argv, "--tflite", "float32", "--calibration", "digits"]) == 0
+    out = capsys.readouterr().out
+    assert f"exported vit_digits version 1 under {root}/" in out
+    assert "tflite_float32: max_abs_diff_logits=" in out
+    metadata = read_json(root / "vit_digits" / "metadata.json")
+    assert metadata["labels"] == labels
+    assert metadata["preprocessing"]["resize_method"] == "nearest"
+    # --calibration digits verifies on the held-out split: the fixture's x_test.
+    assert metadata["parity"]["num_images"] == 360
+    assert metadata["parity"]["tflite_float32"]["top1_agreement"] == 1.0
+    assert predict(root / "vit_digits.tflite", np.zeros((16, 16, 1)))[0][0][0] in labels
+
+
+def test_softmax_model_serves_its_probabilities_and_sigmoid_is_refused(tmp_path):
+    import keras_vit
+
+    tiny = dict(num_channels=3, hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32)
+    model = keras_vit.ViT("Ti/4", 8, 3, classifier_activation="softmax", **tiny)
+    metadata = export_model(model, "soft", tmp_path, tflite=())
+    assert metadata["signatures"]["serving_default"]["outputs"] == ["probabilities"]
+    pixels = np.random.default_rng(1).uniform(0, 255, (2, 8, 8, 3)).astype("float32")
+    served = tf.saved_model.load(str(tmp_path / "soft" / "1"))
+    got = served.signatures["serving_default"](pixels=pixels)
+    assert set(got) == {"probabilities"}
+    expected = np.asarray(model(pixels / 255.0))  # default preprocessing: p / 255
+    np.testing.assert_allclose(got["probabilities"], expected, atol=1e-6)
+    sigmoid = keras_vit.ViT("Ti/4", 8, 3, classifier_activation="sigmoid", **tiny)
+    with pytest.raises(ValueError, match="ends in activation 'sigmoid'"):
+        export_model(sigmoid, "sig", tmp_path, tflite=())
+    assert not (tmp_path / "sig").exists()

@@ -1,0 +1,204 @@
+"""The README is run: every ```bash block from the repository root and every
+```python block as a script in a fresh process (```console and other
+languages are shown, not run).
+
+The two set-up commands at the top are the exception: running `pip install`
+and the whole test suite from inside the test suite would recurse, and the
+default recipe is the training tests' job. They are checked instead: the
+test command is `.ci/run`'s, the extras exist in setup.py, and
+`python recipes/train.py` with no arguments trains the default recipe and
+exports it.
+"""
+
+import ast
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+from PIL import Image
+
+from keras_vit import flops, parse_variant
+
+README = REPO / "README.md"
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.M | re.S)
+SECTION = re.compile(r"^<!-- section: (\S+) -->", re.M)
+RUN = ("bash", "python")
+SHOWN = ("console", "text", "json", "yaml", "toml")
+
+
+def readme_blocks() -> list[tuple[str, str, str]]:
+    """`(id, language, code)` for every fenced block, in order; the id names
+    the README section and the block's number in it."""
+    text = README.read_text(encoding="utf-8")
+    sections = [(m.start(), m.group(1)) for m in SECTION.finditer(text)]
+    blocks, counts = [], {}
+    for match in FENCE.finditer(text):
+        section = "top"
+        for start, name in sections:
+            if start < match.start():
+                section = name
+        counts[section] = counts.get(section, 0) + 1
+        block_id = f"{section}-{counts[section]}-{match.group(1) or 'bare'}"
+        blocks.append((block_id, match.group(1).strip(), match.group(2)))
+    return blocks
+
+
+BLOCKS = readme_blocks()
+SETUP = BLOCKS[0]
+RUNNABLE = [b for b in BLOCKS[1:] if b[1] in RUN]
+
+
+def test_every_block_is_run_or_marked_as_shown_only():
+    for block_id, language, _ in BLOCKS:
+        assert language in RUN + SHOWN, (
+            f"README block {block_id}: language {language!r} is neither run "
+            f"({RUN}) nor shown-only ({SHOWN})"
+        )
+
+
+def ci_commands() -> list[str]:
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    skipped = ("#", "set ", "cd ")
+    return [
+        line.strip() for line in lines if line.strip() and not line.startswith(skipped)
+    ]
+
+
+def without_quiet(command: str) -> list[str]:
+    return [word for word in shlex.split(command) if word not in ("-q", "--quiet")]
+
+
+def setup_extras() -> set[str]:
+    tree = ast.parse((REPO / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "extras_require":
+            return {key.value for key in node.value.keys}
+    raise AssertionError("setup.py has no extras_require")
+
+
+def test_setup_commands_are_the_ones_ci_and_the_recipe_use():
+    block_id, language, code = SETUP
+    assert (block_id, language) == ("top-1-bash", "bash")
+    main_job, test_job = code.strip().splitlines()
+    assert main_job == 'pip install -e ".[cpu,export]" && python recipes/train.py'
+    assert test_job == 'pip install -e ".[cpu,test]" && python -m pytest'
+    # The test command is what CI runs, step by step.
+    assert [without_quiet(c) for c in ci_commands()] == [
+        without_quiet(part) for part in test_job.split(" && ")
+    ]
+    extras = setup_extras()
+    for command in (main_job, test_job):
+        named = re.search(r'"\.\[([^\]]+)\]"', command).group(1).split(",")
+        assert set(named) <= extras, (named, extras)
+
+
+def test_python_recipes_train_py_trains_and_exports_the_default_recipe(monkeypatch):
+    from keras_vit import train_config, training
+
+    spec = importlib.util.spec_from_file_location(
+        "readme_recipe_train", REPO / "recipes" / "train.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    seen = []
+
+    def fake_train(config):
+        seen.append(config)
+        return {"accuracy": 0.0, "run_dir": "unused"}
+
+    monkeypatch.setattr(training, "train", fake_train)
+    assert script.main([]) == 0
+    (config,) = seen
+    assert config == train_config.load_recipe("digits")
+    assert config.data.source == "digits"
+    assert config.export_name  # "... and exported into saved_models/"
+
+
+def section_text(name: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"<!-- section: {name} -->")
+    following = SECTION.search(text, start + 1)
+    return text[start : following.start() if following else len(text)]
+
+
+def variant_table() -> list[list[str]]:
+    text = section_text("variants")
+    rows = re.findall(r"^\| ((?:Ti|S|B|L|H)/\d+) \|(.*)\|\s*$", text, re.M)
+    return [
+        [variant, *(cell.strip() for cell in rest.split("|"))] for variant, rest in rows
+    ]
+
+
+def test_variant_table_matches_the_models():
+    rows = variant_table()
+    assert [r[0] for r in rows] == [
+        "Ti/16",
+        "S/16",
+        "B/16",
+        "B/32",
+        "L/16",
+        "L/32",
+        "H/14",
+    ]
+    for variant, *cells in rows:
+        arch = parse_variant(variant)
+        assert [int(c) for c in cells[:4]] == [
+            arch["hidden_dim"],
+            arch["num_layers"],
+            arch["num_heads"],
+            arch["mlp_dim"],
+        ], variant
+        no_head = flops.vit_parameter_count(variant, 224, include_top=False)
+        with_head = flops.vit_parameter_count(variant, 224, 1000)
+        macs = flops.vit_macs(variant, 224, 1000)
+        assert cells[4:] == [
+            f"{no_head:,}",
+            f"{with_head:,}",
+            f"{macs / 1e9:.2f}",
+            f"{2 * macs / 1e9:.2f}",
+        ], variant
+    # The analytic counts are the built model's (tests/test_cli.py checks
+    # this for every option; here once at full size).
+    import keras_vit
+
+    model = keras_vit.ViT("Ti/16", 224, 1000)
+    assert f"{model.count_params():,}" == rows[0][6]
+    assert flops.count_macs(model) == flops.vit_macs("Ti/16", 224, 1000)
+
+
+def test_pictures_exist_open_and_are_small():
+    text = README.read_text(encoding="utf-8")
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert pictures, "the README shows no picture"
+    for picture in pictures:
+        path = REPO / picture
+        assert path.is_file(), picture
+        assert path.stat().st_size < 200_000, (picture, path.stat().st_size)
+        with Image.open(path) as image:
+            image.load()
+            assert image.format == "PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", RUNNABLE, ids=[b[0] for b in RUNNABLE])
+def test_readme_block_runs(block, tmp_path):
+    block_id, language, code = block
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
+    if language == "bash":
+        command = ["bash", "-euo", "pipefail", "-c", code]
+    else:
+        script = tmp_path / f"{block_id}.py"
+        script.write_text(code)
+        command = [sys.executable, str(script)]
+    proc = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, (
+        f"README block {block_id} failed ({proc.returncode}):\n{code}\n"
+        f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    )

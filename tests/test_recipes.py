@@ -1,0 +1,128 @@
+"""Every recipe's smoke mode, the command line, and the default recipe's
+acceptance run (held-out accuracy, time, export)."""
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers import REPO
+from PIL import Image
+
+from keras_vit import training
+from keras_vit.train_config import load_recipe, recipe_names
+
+
+def image_folder(root):
+    """A generated ImageNet-style folder: train/ and val/, two classes."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 4), ("val", 2)):
+        for name in ("n01440764", "n01443537"):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{name}_{i}.JPEG", "JPEG")
+    return root
+
+
+# What a recipe needs besides --smoke to run here (its data).
+NEEDS = {
+    "vit_ti16_imagefolder": lambda tmp: {"data.path": str(image_folder(tmp / "data"))}
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", recipe_names())
+def test_recipe_smoke_mode_runs_two_steps(name, tmp_path):
+    overrides = {"smoke": "true", "run_dir": str(tmp_path / "run"), "verbose": "0"}
+    if name in NEEDS:
+        overrides.update(NEEDS[name](tmp_path))
+    config = load_recipe(name, overrides)
+    metadata = training.train(config)
+    assert metadata["steps"] == 2
+    assert np.isfinite(metadata["eval_loss"])
+    assert (tmp_path / "run" / "metadata.json").is_file()
+    if config.model.resize_at:
+        assert metadata["model"].input_shape[1] == config.model.resize_at[-1][1]
+
+
+def test_command_line_errors_list_valid_keys_and_recipes(capsys):
+    sys.path.insert(0, str(REPO / "recipes"))
+    try:
+        import train as cli
+    finally:
+        sys.path.pop(0)
+    assert cli.main(["digits", "--optim.lrate", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown config key 'optim.lrate'" in err and "optim.learning_rate" in err
+    assert cli.main(["digits", "--set", "optim.weight_decay=-2"]) == 2
+    assert (
+        "optim.weight_decay must be in [0.0, 10.0], got -2.0" in capsys.readouterr().err
+    )
+    assert cli.main(["no_such_recipe"]) == 2
+    assert "valid recipes are" in capsys.readouterr().err
+    assert cli.main(["--keys"]) == 0
+    assert "data.mixup_alpha" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """`python recipes/train.py` as a user runs it (output redirected to a
+    temporary folder), timed."""
+    tmp = tmp_path_factory.mktemp("default_recipe")
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "recipes/train.py",
+            "--set",
+            f"run_dir={tmp / 'run'}",
+            "--set",
+            f"export_root={tmp / 'saved_models'}",
+            "--verbose",
+            "2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    seconds = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, proc, seconds
+
+
+@pytest.mark.slow
+def test_default_recipe_reaches_97_percent_in_under_5_minutes(default_run):
+    tmp, proc, seconds = default_run
+    metadata = json.loads((tmp / "run" / "metadata.json").read_text())
+    print(f"default recipe: accuracy {metadata['accuracy']:.4f} in {seconds:.0f} s")
+    assert metadata["accuracy"] >= 0.97
+    assert f"held-out accuracy {metadata['accuracy']:.4f}" in proc.stdout
+    assert seconds < 300
+    assert metadata["steps"] == 900
+    assert metadata["preprocessing"] == {
+        "image_size": [16, 16],
+        "num_channels": 1,
+        "mean": [0.5],
+        "std": [0.5],
+        "pixel_scale": 255.0,
+        "resize_method": "bilinear",
+    }
+
+
+@pytest.mark.slow
+def test_default_recipe_saves_and_exports(default_run):
+    tmp, _, _ = default_run
+    run = tmp / "run"
+    for name in ("model.keras", "history.csv", "curves.png", "config.json"):
+        assert (run / name).is_file(), name
+    exported = json.loads(
+        (tmp / "saved_models" / "vit_digits" / "metadata.json").read_text()
+    )
+    assert exported["labels"] == [str(i) for i in range(10)]
+    assert any((tmp / "saved_models" / "vit_digits").glob("[0-9]*/saved_model.pb"))
+    assert (tmp / "saved_models" / "vit_digits.tflite").is_file()
