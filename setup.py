@@ -22,8 +22,9 @@ setup(
     extras_require={
         # One of these two brings TensorFlow: the CPU wheel is a fraction of
         # the size, the GPU one pulls the CUDA libraries.
-        "cpu": [f"tensorflow-cpu>={TF_VERSION}"],
-        "gpu": [f"tensorflow[and-cuda]>={TF_VERSION}"],
+        # tensorflow-cpu does not bring TensorBoard; the trainer logs to it.
+        "cpu": [f"tensorflow-cpu>={TF_VERSION}", "tensorboard"],
+        "gpu": [f"tensorflow[and-cuda]>={TF_VERSION}", "tensorboard"],
         "export": ["ai-edge-litert"],
         "viz": ["matplotlib"],
         "weights": ["safetensors"],

@@ -29,7 +29,10 @@ class ModelConfig:
     optimizer step on the model is rebuilt at the new size with
     `keras_vit.weights.with_image_size` (position embedding resampled).
     `pretrained`: a `.keras` file whose weights initialise the model by layer
-    name (resized to `image_size`; a head of another shape is left fresh).
+    name (resized to `image_size`; a head of another shape is left fresh), or
+    a timm / Hugging Face / AugReg checkpoint (`keras_vit.convert`), whose own
+    architecture is then used with a new zero head. `freeze_backbone`: a
+    linear probe, only the head trains.
     """
 
     variant: str = "Ti/16"
@@ -47,6 +50,7 @@ class ModelConfig:
     layer_scale_init: float = 0.0
     resize_at: tuple = ()
     pretrained: str = ""
+    freeze_backbone: bool = False
 
 
 @dataclass
@@ -71,6 +75,7 @@ class OptimConfig:
     use_ema: bool = False
     ema_momentum: float = 0.9999
     label_smoothing: float = 0.0
+    layer_decay: float = 1.0  # < 1: block i of L learns at lr * decay ** (L - i)
 
 
 @dataclass
@@ -247,8 +252,11 @@ def validate(config: TrainConfig) -> TrainConfig:
         ("end_lr_fraction", 0.0, 1.0),
         ("ema_momentum", 0.0, 1.0),
         ("label_smoothing", 0.0, 0.99),
+        ("layer_decay", 0.0, 1.0),
     ):
         _check(f"optim.{key}", getattr(optim, key), low, high)
+    if optim.layer_decay == 0.0:
+        raise ValueError("optim.layer_decay must be in (0, 1], got 0.0.")
     for key, low in (
         ("lr_base_batch_size", 0),
         ("warmup_steps", 0),

@@ -20,6 +20,12 @@ import numpy as np
 from keras_vit import checkpoint as checkpoint_lib
 from keras_vit import data as data_lib
 from keras_vit import distribute
+from keras_vit.finetune import (
+    HEAD_LAYERS,
+    LayerDecayAdamW,
+    freeze_backbone,
+    layer_decay_multipliers,
+)
 from keras_vit.train_config import (
     ModelConfig,
     OptimConfig,
@@ -77,8 +83,16 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
         drop_path_rate=m.drop_path_rate,
         **options,
     )
-    if m.pretrained:
+    if m.pretrained and Path(m.pretrained).suffix != ".keras":
+        from keras_vit.convert import convert_checkpoint
+
+        model = convert_checkpoint(
+            m.pretrained, image_size=image_size or m.image_size, num_classes=num_classes
+        )
+    elif m.pretrained:
         _load_pretrained(model, m.pretrained)
+    if m.freeze_backbone:
+        freeze_backbone(model)
     return model
 
 
@@ -97,6 +111,12 @@ def _load_pretrained(model: keras.Model, path: str) -> None:
             continue
         if [w.shape for w in weights] == [tuple(w.shape) for w in layer.weights]:
             layer.set_weights(weights)
+        elif layer.name not in HEAD_LAYERS:
+            raise ValueError(
+                f"model.pretrained {path!r} does not fit the recipe's model: layer "
+                f"{layer.name!r} has other weight shapes; set model.variant, "
+                "hidden_dim, num_layers, ... to the checkpoint's."
+            )
 
 
 def scaled_learning_rate(config: TrainConfig) -> float:
@@ -125,7 +145,11 @@ def make_optimizer(config: TrainConfig, model: keras.Model, start_step: int = 0)
     """AdamW with the schedule, clipping, accumulation and EMA of the config;
     wrapped in a `LossScaleOptimizer` under `mixed_float16`."""
     optim = config.optim
-    optimizer = keras.optimizers.AdamW(
+    extra = {}
+    if optim.layer_decay < 1.0:
+        extra["lr_multipliers"] = layer_decay_multipliers(model, optim.layer_decay)
+    optimizer = (LayerDecayAdamW if extra else keras.optimizers.AdamW)(
+        **extra,
         learning_rate=learning_rate_schedule(config),
         weight_decay=optim.weight_decay,
         beta_1=optim.beta_1,
@@ -208,9 +232,9 @@ def _has_tensorboard() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
-def plot_history(history_csv: Path, png: Path) -> Path | None:
-    """Loss and accuracy against the step, one panel each; None without
-    matplotlib."""
+def plot_history(history_csv: Path, png: Path, steps_per_row: int = 1) -> Path | None:
+    """Loss and accuracy (train, and held-out where evaluated) against the
+    step, one panel each; None without matplotlib."""
     try:
         import matplotlib
 
@@ -222,15 +246,17 @@ def plot_history(history_csv: Path, png: Path) -> Path | None:
         rows = list(csv.DictReader(f))
     if not rows:
         return None
-    epochs = np.array([int(r["epoch"]) + 1 for r in rows])
+    steps = np.array([(int(r["epoch"]) + 1) * steps_per_row for r in rows])
     figure, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for axis, metric in zip(axes, ("loss", "accuracy"), strict=True):
         for prefix in ("", "val_"):
             column = prefix + metric
             if column in rows[0]:
-                values = [_number(r[column]) for r in rows]
-                axis.plot(epochs, values, marker=".", label=column)
-        axis.set_xlabel("checkpoint interval")
+                values = np.array([_number(r[column]) for r in rows])
+                if np.isfinite(values).any():
+                    kept = np.isfinite(values)
+                    axis.plot(steps[kept], values[kept], marker=".", label=column)
+        axis.set_xlabel("step")
         axis.set_title(metric)
         axis.legend()
     figure.tight_layout()
@@ -239,28 +265,36 @@ def plot_history(history_csv: Path, png: Path) -> Path | None:
     return png
 
 
-def _representative_images(
-    config: TrainConfig, image_size, count: int = 32
-) -> np.ndarray:
-    """Raw pixels in `[0, pixel_scale]` from the eval split, for int8
-    calibration and serving warm-up."""
-    dataset = data_lib.make_eval_dataset(config.data, image_size, count, max_batches=1)
-    images = next(iter(dataset))[0].numpy()
+def _raw_pixels(config: TrainConfig, dataset, limit: int) -> np.ndarray:
+    """Undoes the normalisation of up to `limit` images of `dataset`: raw
+    pixels in `[0, pixel_scale]`, as clients of the export send them."""
+    batches, count = [], 0
+    for images, _ in dataset:
+        batches.append(images.numpy())
+        count += len(batches[-1])
+        if count >= limit:
+            break
     mean = np.asarray(config.data.mean, "float32")
     std = np.asarray(config.data.std, "float32")
-    return (images * std + mean) * config.data.pixel_scale
+    return (np.concatenate(batches)[:limit] * std + mean) * config.data.pixel_scale
 
 
 def _export(model, config, labels, preprocessing, image_size) -> dict:
+    """Exports with int8 calibration on training images and every parity
+    figure measured on the held-out split (at most 2,000 images)."""
     from keras_vit.export import export_model
 
+    train = data_lib.make_train_dataset(config.data, image_size, 64, config.seed)
+    held_out = data_lib.make_eval_dataset(config.data, image_size, 256)
     result = export_model(
         model,
         config.export_name,
         root=config.export_root,
         labels=labels,
         preprocessing=preprocessing,
-        representative_images=_representative_images(config, image_size),
+        representative_images=_raw_pixels(config, train, 512),
+        verify_images=_raw_pixels(config, held_out, 2000),
+        variant=config.model.variant,
     )
     return result if isinstance(result, dict) else {"path": str(result)}
 
@@ -334,6 +368,7 @@ def _train(config: TrainConfig) -> dict:
             initial_epoch=step // ce,
             callbacks=_callbacks(run_dir, chief),
             verbose=config.verbose,
+            shuffle=False,  # the stream is shuffled, deterministically
             **fit_kwargs,
         )
         step = end
@@ -378,7 +413,9 @@ def _train(config: TrainConfig) -> dict:
         history = run_dir / "history.csv"
         if history.exists():
             paths["history"] = str(history)
-            curves = plot_history(history, run_dir / "curves.png")
+            curves = plot_history(
+                history, run_dir / "curves.png", config.checkpoint_every
+            )
             if curves:
                 paths["curves"] = str(curves)
         if _has_tensorboard():

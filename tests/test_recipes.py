@@ -126,3 +126,43 @@ def test_default_recipe_saves_and_exports(default_run):
     assert exported["labels"] == [str(i) for i in range(10)]
     assert any((tmp / "saved_models" / "vit_digits").glob("[0-9]*/saved_model.pb"))
     assert (tmp / "saved_models" / "vit_digits.tflite").is_file()
+    assert list((run / "tensorboard").rglob("events.out.tfevents*"))
+    # Parity measured by the export on all 360 held-out digits.
+    parity = exported["parity"]
+    assert parity["num_images"] == 360
+    assert parity["saved_model"]["max_abs_diff_logits"] < 1e-5
+    assert parity["tflite_float32"]["max_abs_diff_logits"] < 1e-4
+    for kind in ("dynamic_int8", "int8"):
+        assert parity[f"tflite_{kind}"]["top1_agreement"] >= 0.98, kind
+    assert exported["architecture"]["variant"] == "Ti/4"
+
+
+@pytest.mark.slow
+def test_visualize_the_default_recipes_model(default_run, tmp_path, capsys):
+    """`keras-vit visualize` on the model the README's main job trains."""
+    from sklearn.datasets import load_digits
+
+    from keras_vit import cli
+
+    tmp, _, _ = default_run
+    digit = (load_digits().images[0] * (255 / 16)).astype("uint8")
+    Image.fromarray(digit).resize((16, 16), Image.BILINEAR).save(tmp_path / "d.png")
+    out = tmp_path / "maps"
+    code = cli.main(
+        [
+            "visualize",
+            str(tmp / "run" / "model.keras"),
+            str(tmp_path / "d.png"),
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    rollout = np.load(out / "d_rollout.npy")
+    assert rollout.shape == (4, 4)
+    assert rollout.sum() == pytest.approx(1.0, abs=1e-6)
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert "d_rollout.png" in pngs and any("attention_block" in p for p in pngs)
+    for name in pngs:
+        with Image.open(out / name) as png:
+            assert png.format == "PNG"

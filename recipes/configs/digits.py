@@ -21,6 +21,7 @@ def get_config() -> TrainConfig:
         batch_size=64,
         total_steps=900,
         checkpoint_every=100,
+        eval_every=3,  # held-out accuracy in the curves at steps 300, 600, 900
         export_name="vit_digits",
         model=ModelConfig(
             variant="Ti/4",

@@ -1,0 +1,34 @@
+"""Linear probe of a pretrained ViT on the digits: only a new head trains.
+
+    python recipes/train.py digits          # pretrains: runs/digits/model.keras
+    python recipes/train.py finetune_digits_probe
+    python recipes/train.py finetune_digits_probe --model.pretrained ckpt_dir \\
+        --data.source folder --data.path my_images --data.num_channels 3
+
+`model.pretrained` is a keras_vit `.keras` file of this recipe's architecture
+(the digits recipe's), or any checkpoint `keras_vit.convert.convert_checkpoint`
+reads (timm / Hugging Face `model.safetensors` + `config.json`, AugReg `.npz`),
+whose own architecture is then used (three-channel checkpoints need
+three-channel data). Every layer but `head` is frozen; the head starts at zero
+and learns at a probe's usual high rate with no weight decay.
+RESULT
+"""
+
+import dataclasses
+
+from keras_vit.train_config import base_recipe
+
+
+def get_config():
+    config = base_recipe("finetune_digits")
+    return dataclasses.replace(
+        config,
+        name="finetune_digits_probe",
+        total_steps=200,
+        model=dataclasses.replace(
+            config.model, image_size=16, freeze_backbone=True
+        ),
+        optim=dataclasses.replace(
+            config.optim, learning_rate=1e-2, warmup_steps=0, layer_decay=1.0
+        ),
+    )

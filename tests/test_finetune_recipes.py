@@ -1,0 +1,163 @@
+"""The fine-tuning recipes (recipes/configs/finetune_*.py) through the one
+trainer: a converted checkpoint fine-tuned on the digits (linear probe and
+full), and a resolution change that keeps the held-out accuracy."""
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from keras_vit import training
+from keras_vit.finetune import LayerDecayAdamW
+from keras_vit.train_config import load_recipe
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CHANCE_LOSS = float(np.log(10.0))  # a zero head on 10 classes
+
+
+def digits_rgb_arrays():
+    """The digits split of the trainer, as three-channel 0..255 pixels."""
+    digits = load_digits()
+    pixels = np.repeat(digits.images[..., None] * (255.0 / 16.0), 3, axis=-1)
+    x_train, x_eval, y_train, y_eval = train_test_split(
+        pixels.astype("float32"),
+        digits.target,
+        test_size=0.2,
+        random_state=0,
+        stratify=digits.target,
+    )
+    return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval}
+
+
+def finetune_converted(recipe, tmp_path):
+    """The recipe started from the timm fixture (a ViT with patch 8, 64 wide,
+    2 blocks, 7 classes, global average pooling) at 32x32, for 60 steps."""
+    config = load_recipe(
+        recipe,
+        {
+            "model.pretrained": str(FIXTURES / "timm_vit_avg"),
+            "model.image_size": "32",
+            "data.source": "arrays",
+            "data.num_channels": "3",
+            "total_steps": "60",
+            "checkpoint_every": "20",
+            "optim.warmup_steps": "5",
+            "run_dir": str(tmp_path / recipe),
+            "verbose": "0",
+        },
+    )
+    config.data.arrays = digits_rgb_arrays()
+    start = training.build_model(config, num_classes=10)
+    metadata = training.train(config)
+    return start, metadata
+
+
+def train_losses(metadata):
+    rows = (Path(metadata["run_dir"]) / "history.csv").read_text().splitlines()
+    column = rows[0].split(",").index("loss")
+    return [float(row.split(",")[column]) for row in rows[1:]]
+
+
+@pytest.mark.slow
+def test_converted_checkpoint_linear_probe_trains_only_the_head(tmp_path):
+    start, metadata = finetune_converted("finetune_digits_probe", tmp_path)
+    model = metadata["model"]
+    assert model.input_shape == (None, 32, 32, 3) and model.output_shape == (None, 10)
+    assert [v.path for v in model.trainable_variables] == ["head/kernel", "head/bias"]
+    for name in ("patch_encoder", "block_1", "encoder_norm"):
+        for before, after in zip(
+            start.get_layer(name).get_weights(),
+            model.get_layer(name).get_weights(),
+            strict=True,
+        ):
+            np.testing.assert_array_equal(before, after)
+    losses = train_losses(metadata)
+    print(f"probe: train loss {losses}, eval loss {metadata['eval_loss']:.3f}")
+    # The fixture's weights are random, so its features are weak: the head
+    # learns slowly (measured: 2.31 -> 2.20 train, 2.19 held out).
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0]
+    assert metadata["eval_loss"] < CHANCE_LOSS - 0.08
+
+
+@pytest.mark.slow
+def test_converted_checkpoint_full_fine_tune_with_layer_decay(tmp_path):
+    start, metadata = finetune_converted("finetune_digits", tmp_path)
+    model = metadata["model"]
+    assert isinstance(model.optimizer, LayerDecayAdamW)
+    scales = model.optimizer.lr_multipliers
+    assert scales["head/kernel"] == 1.0
+    assert scales["block_1/attention/qkv/kernel"] == pytest.approx(0.75)
+    assert scales["patch_encoder/pos_embedding"] == pytest.approx(0.75**3)
+    moved = model.get_layer("block_0").get_weights()[0]
+    assert not np.array_equal(moved, start.get_layer("block_0").get_weights()[0])
+    losses = train_losses(metadata)
+    print(f"full: train loss {losses}, eval loss {metadata['eval_loss']:.3f}")
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0]
+    assert metadata["eval_loss"] < CHANCE_LOSS - 0.5
+
+
+def accuracy(model, images, labels):
+    logits = model.predict(images, batch_size=256, verbose=0)
+    return float(np.mean(np.argmax(logits, axis=-1) == labels))
+
+
+@pytest.mark.slow
+def test_resolution_change_keeps_accuracy_within_one_point(digits_model, tmp_path):
+    """The 16x16 digits model, moved to 24x24 (3x3 -> 6x6 patches of 4,
+    position embedding resampled) and fine-tuned by the recipe for 300 steps,
+    loses at most one point of held-out accuracy."""
+    model, x_test, y_test, _ = digits_model
+    before = accuracy(model, x_test, y_test)
+    model.save(tmp_path / "pretrained.keras")
+    config = load_recipe(
+        "finetune_digits",
+        {
+            "model.pretrained": str(tmp_path / "pretrained.keras"),
+            # The fixture's architecture (the recipe's is the digits recipe's).
+            "model.hidden_dim": "64",
+            "model.num_layers": "2",
+            "model.mlp_dim": "128",
+            "model.image_size": "24",
+            "run_dir": str(tmp_path / "run"),
+            "verbose": "0",
+        },
+    )
+    metadata = training.train(config)
+    after = metadata["accuracy"]
+    print(f"resolution change 16 -> 24: accuracy {before:.4f} -> {after:.4f}")
+    assert metadata["model"].input_shape == (None, 24, 24, 1)
+    assert after >= before - 0.01
+
+
+def test_fine_tuning_keys_are_validated_and_reach_the_optimizer(tmp_path):
+    with pytest.raises(ValueError, match=r"optim.layer_decay must be in \(0, 1\]"):
+        load_recipe("finetune_digits", {"optim.layer_decay": "0"})
+    with pytest.raises(ValueError, match=r"optim.layer_decay must be in \[0.0, 1.0\]"):
+        load_recipe("finetune_digits", {"optim.layer_decay": "1.5"})
+    config = load_recipe(
+        "finetune_digits",
+        {"model.pretrained": "", "smoke": "true", "optim.layer_decay": "0.5"},
+    )
+    model = training.build_model(config, num_classes=10)
+    optimizer = training.make_optimizer(config, model)
+    assert isinstance(optimizer, LayerDecayAdamW)
+    assert optimizer.lr_multipliers["block_0/mlp/fc1/kernel"] == 0.25
+    plain = load_recipe("digits", {"smoke": "true"})
+    assert type(training.make_optimizer(plain, model)) is keras.optimizers.AdamW
+
+
+def test_pretrained_keras_file_of_another_architecture_is_refused(tmp_path):
+    other = load_recipe(
+        "finetune_digits",
+        {"model.pretrained": "", "smoke": "true", "model.hidden_dim": "32"},
+    )
+    training.build_model(other, num_classes=10).save(tmp_path / "other.keras")
+    mismatched = load_recipe(
+        "finetune_digits",
+        {"model.pretrained": str(tmp_path / "other.keras"), "smoke": "true"},
+    )
+    with pytest.raises(ValueError, match="does not fit the recipe's model: layer 'pa"):
+        training.build_model(mismatched, num_classes=10)
