@@ -1,0 +1,371 @@
+"""The encoder block: self-attention, MLP, stochastic depth and LayerScale,
+written with `keras.ops` only.
+
+`TransformerBlock` maps `(batch, num_tokens, hidden_dim)` to the same shape:
+`x + DropPath(MHSA(LN(x)))`, then `x + DropPath(MLP(LN(x)))`.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+register = keras.saving.register_keras_serializable(package="keras_vit")
+
+
+def _check_rate(name: str, value: float) -> float:
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"`{name}` must be in [0, 1), got {value!r}.")
+    return float(value)
+
+
+def _attention_output_spec(layer, x, return_attention_scores: bool):
+    """Symbolic outputs of a layer that may also return attention scores."""
+    out = keras.KerasTensor(x.shape, dtype=layer.compute_dtype)
+    if not return_attention_scores:
+        return out
+    tokens = x.shape[1]
+    scores_shape = (x.shape[0], layer.num_heads, tokens, tokens)
+    return out, keras.KerasTensor(scores_shape, dtype="float32")
+
+
+@register
+class MultiHeadSelfAttention(keras.layers.Layer):
+    """Self-attention with one fused QKV projection.
+
+    Logits and softmax are computed in float32 whatever the compute dtype, so
+    `mixed_float16` neither overflows the logits nor flattens the softmax.
+
+    Args:
+        num_heads: int, number of attention heads; must divide the input width.
+        qkv_bias: bool, whether the QKV projection has a bias.
+        attention_dropout_rate: float, dropout on the attention probabilities.
+        dropout_rate: float, dropout after the output projection.
+
+    Call arguments:
+        x: `(batch, num_tokens, hidden_dim)`.
+        training: bool, whether dropout is active.
+        return_attention_scores: bool, also return the attention
+            probabilities `(batch, num_heads, num_tokens, num_tokens)`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attention_dropout_rate: float = 0.0,
+        dropout_rate: float = 0.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if int(num_heads) < 1:
+            raise ValueError(f"`num_heads` must be >= 1, got {num_heads!r}.")
+        self.num_heads = int(num_heads)
+        self.qkv_bias = bool(qkv_bias)
+        self.attention_dropout_rate = _check_rate(
+            "attention_dropout_rate", attention_dropout_rate
+        )
+        self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
+        # float32 so the dropout layer's policy does not cast the probabilities.
+        self.probs_dropout = keras.layers.Dropout(
+            self.attention_dropout_rate, dtype="float32"
+        )
+        self.output_dropout = keras.layers.Dropout(self.dropout_rate)
+
+    def build(self, input_shape):
+        hidden_dim = input_shape[-1]
+        if hidden_dim % self.num_heads:
+            raise ValueError(
+                f"hidden_dim {hidden_dim} is not divisible by num_heads "
+                f"{self.num_heads}."
+            )
+        self.head_dim = hidden_dim // self.num_heads
+        self.qkv = keras.layers.Dense(
+            3 * hidden_dim, use_bias=self.qkv_bias, name="qkv"
+        )
+        self.qkv.build(input_shape)
+        self.proj = keras.layers.Dense(hidden_dim, name="proj")
+        self.proj.build(input_shape)
+
+    def call(self, x, training=None, return_attention_scores=False):
+        num_tokens, hidden_dim = x.shape[1], x.shape[2]
+        # The projections run on (batch * num_tokens, hidden_dim): a 2-D
+        # MatMul + BiasAdd is what oneDNN fuses into one kernel (bench/).
+        qkv = ops.reshape(
+            self.qkv(ops.reshape(x, (-1, hidden_dim))),
+            (-1, num_tokens, 3, self.num_heads, self.head_dim),
+        )
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        # Scaling q before the product keeps float16 logits in range.
+        q = q * ops.cast(self.head_dim**-0.5, q.dtype)
+        use_dropout = training and self.attention_dropout_rate > 0
+        if return_attention_scores or use_dropout:
+            logits = ops.einsum("bqhd,bkhd->bhqk", q, k)
+            probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+            probs = self.probs_dropout(probs, training=training)
+            out = ops.einsum("bhqk,bkhd->bqhd", ops.cast(probs, v.dtype), v)
+        else:
+            # Keras' TF kernel casts the logits to float32 before the softmax.
+            out = ops.dot_product_attention(q, k, v, scale=1.0)
+        out = self.proj(ops.reshape(out, (-1, hidden_dim)))
+        out = ops.reshape(out, (-1, num_tokens, hidden_dim))
+        out = self.output_dropout(out, training=training)
+        if return_attention_scores:
+            return out, probs
+        return out
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def compute_output_spec(self, x, training=None, return_attention_scores=False):
+        return _attention_output_spec(self, x, return_attention_scores)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "qkv_bias": self.qkv_bias,
+            "attention_dropout_rate": self.attention_dropout_rate,
+            "dropout_rate": self.dropout_rate,
+        }
+
+
+@register
+class MLP(keras.layers.Layer):
+    """Two-layer feed-forward block: Dense(mlp_dim) + GELU + Dense(hidden_dim).
+
+    Args:
+        mlp_dim: int, width of the hidden layer.
+        dropout_rate: float, dropout after each Dense.
+        approximate_gelu: bool, tanh approximation of GELU (exact erf when
+            False, as in the paper and timm).
+
+    Call arguments:
+        x: `(batch, num_tokens, hidden_dim)`.
+        training: bool, whether dropout is active.
+    """
+
+    def __init__(
+        self,
+        mlp_dim: int,
+        dropout_rate: float = 0.0,
+        approximate_gelu: bool = False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
+        self.approximate_gelu = bool(approximate_gelu)
+        self.hidden_dropout = keras.layers.Dropout(self.dropout_rate)
+        self.output_dropout = keras.layers.Dropout(self.dropout_rate)
+
+    def build(self, input_shape):
+        self.fc1 = keras.layers.Dense(self.mlp_dim, name="fc1")
+        self.fc1.build(input_shape)
+        self.fc2 = keras.layers.Dense(input_shape[-1], name="fc2")
+        self.fc2.build((*input_shape[:-1], self.mlp_dim))
+
+    def call(self, x, training=None):
+        # On 2-D (tokens, features) TensorFlow's oneDNN rewrite fuses
+        # MatMul + BiasAdd + exact GELU into one kernel; on the 3-D input it
+        # is a BatchMatMul and GELU's erf runs as separate passes (bench/).
+        leading = tuple(
+            ops.shape(x)[i] if d is None else d for i, d in enumerate(x.shape[:-1])
+        )
+        h = ops.reshape(x, (-1, x.shape[-1]))
+        h = ops.gelu(self.fc1(h), approximate=self.approximate_gelu)
+        h = self.hidden_dropout(h, training=training)
+        h = self.output_dropout(self.fc2(h), training=training)
+        return ops.reshape(h, (*leading, h.shape[-1]))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "mlp_dim": self.mlp_dim,
+            "dropout_rate": self.dropout_rate,
+            "approximate_gelu": self.approximate_gelu,
+        }
+
+
+@register
+class DropPath(keras.layers.Layer):
+    """Stochastic depth: drops the whole residual branch per sample.
+
+    Args:
+        rate: float, probability of dropping the branch in training.
+        seed: int or None, seed of the drop mask.
+
+    Call arguments:
+        x: `(batch, ...)`, the residual branch.
+        training: bool, whether samples are dropped.
+    """
+
+    def __init__(self, rate: float = 0.0, seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = _check_rate("rate", rate)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def call(self, x, training=None):
+        if not training or self.rate == 0.0:
+            return x
+        keep = 1.0 - self.rate
+        shape = (ops.shape(x)[0],) + (1,) * (len(x.shape) - 1)
+        noise = keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype)
+        mask = ops.cast(noise < keep, x.dtype)
+        return x * mask / ops.cast(keep, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+@register
+class LayerScale(keras.layers.Layer):
+    """Per-channel learned scale of a residual branch (CaiT, DeiT III).
+
+    Args:
+        init_value: float, initial value of every scale.
+
+    Call arguments:
+        x: `(..., hidden_dim)`.
+    """
+
+    def __init__(self, init_value: float = 1e-5, **kwargs):
+        super().__init__(**kwargs)
+        self.init_value = float(init_value)
+
+    def build(self, input_shape):
+        self.gamma = self.add_weight(
+            shape=(input_shape[-1],),
+            initializer=keras.initializers.Constant(self.init_value),
+            name="gamma",
+        )
+
+    def call(self, x):
+        return x * ops.cast(self.gamma, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "init_value": self.init_value}
+
+
+@register
+class TransformerBlock(keras.layers.Layer):
+    """Pre-norm encoder block: `x + MHSA(LN(x))`, then `x + MLP(LN(x))`.
+
+    Args:
+        num_heads: int, attention heads.
+        mlp_dim: int, hidden width of the MLP.
+        dropout_rate: float, dropout in the MLP and after the attention
+            projection.
+        attention_dropout_rate: float, dropout on attention probabilities.
+        drop_path_rate: float, stochastic-depth rate of both branches.
+        qkv_bias: bool, bias in the QKV projection.
+        layer_scale_init: float or None, LayerScale initial value; None
+            disables LayerScale.
+        layer_norm_epsilon: float, epsilon of both LayerNorms.
+
+    Call arguments:
+        x: `(batch, num_tokens, hidden_dim)`.
+        training: bool, whether dropout and stochastic depth are active.
+        return_attention_scores: bool, also return the attention
+            probabilities `(batch, num_heads, num_tokens, num_tokens)`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_dim: int,
+        dropout_rate: float = 0.0,
+        attention_dropout_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        qkv_bias: bool = True,
+        layer_scale_init: float | None = None,
+        layer_norm_epsilon: float = 1e-6,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
+        self.attention_dropout_rate = _check_rate(
+            "attention_dropout_rate", attention_dropout_rate
+        )
+        self.drop_path_rate = _check_rate("drop_path_rate", drop_path_rate)
+        self.qkv_bias = bool(qkv_bias)
+        self.layer_scale_init = layer_scale_init
+        self.layer_norm_epsilon = layer_norm_epsilon
+
+        self.norm1 = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, name="norm1"
+        )
+        self.attention = MultiHeadSelfAttention(
+            num_heads,
+            qkv_bias=qkv_bias,
+            attention_dropout_rate=attention_dropout_rate,
+            dropout_rate=dropout_rate,
+            name="attention",
+        )
+        self.norm2 = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, name="norm2"
+        )
+        self.mlp = MLP(mlp_dim, dropout_rate=dropout_rate, name="mlp")
+        self.drop_path1 = DropPath(drop_path_rate, name="drop_path1")
+        self.drop_path2 = DropPath(drop_path_rate, name="drop_path2")
+        self.layer_scale1 = self.layer_scale2 = None
+        if layer_scale_init is not None:
+            self.layer_scale1 = LayerScale(layer_scale_init, name="layer_scale1")
+            self.layer_scale2 = LayerScale(layer_scale_init, name="layer_scale2")
+
+    def build(self, input_shape):
+        for layer in (self.norm1, self.attention, self.norm2, self.mlp):
+            layer.build(input_shape)
+        if self.layer_scale1 is not None:
+            self.layer_scale1.build(input_shape)
+            self.layer_scale2.build(input_shape)
+
+    def call(self, x, training=None, return_attention_scores=False):
+        attended = self.attention(
+            self.norm1(x),
+            training=training,
+            return_attention_scores=return_attention_scores,
+        )
+        if return_attention_scores:
+            attended, scores = attended
+        if self.layer_scale1 is not None:
+            attended = self.layer_scale1(attended)
+        x = x + self.drop_path1(attended, training=training)
+        mlp_out = self.mlp(self.norm2(x), training=training)
+        if self.layer_scale2 is not None:
+            mlp_out = self.layer_scale2(mlp_out)
+        x = x + self.drop_path2(mlp_out, training=training)
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def compute_output_spec(self, x, training=None, return_attention_scores=False):
+        return _attention_output_spec(self, x, return_attention_scores)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "dropout_rate": self.dropout_rate,
+            "attention_dropout_rate": self.attention_dropout_rate,
+            "drop_path_rate": self.drop_path_rate,
+            "qkv_bias": self.qkv_bias,
+            "layer_scale_init": self.layer_scale_init,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+        }
