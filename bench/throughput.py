@@ -113,36 +113,6 @@ def _split_choices(parser, flag: str, value: str, valid: tuple[str, ...]):
 # Model FLOPs, counted from the architecture.
 
 
-def vit_macs(
-    arch: dict,
-    image_hw: tuple[int, int],
-    num_channels: int,
-    num_classes: int,
-    num_prefix_tokens: int = 1,
-) -> dict[str, int]:
-    """Multiply-accumulates of one image's forward pass, per part of the model.
-
-    Counts the matmuls only (patch embedding, QKV, the two attention products,
-    output projection, MLP, head); norms, softmax and GELU are a few percent.
-    FLOPs are twice these numbers.
-    """
-    p = arch["patch_size"]
-    d, m, layers = arch["hidden_dim"], arch["mlp_dim"], arch["num_layers"]
-    patches = (image_hw[0] // p) * (image_hw[1] // p)
-    tokens = patches + num_prefix_tokens
-    per_block = {
-        "qkv": tokens * d * 3 * d,
-        "attention": 2 * tokens * tokens * d,
-        "proj": tokens * d * d,
-        "mlp": 2 * tokens * d * m,
-    }
-    parts = {"patch_embedding": patches * p * p * num_channels * d}
-    parts.update({k: v * layers for k, v in per_block.items()})
-    parts["head"] = d * num_classes
-    parts["total"] = sum(parts.values())
-    return parts
-
-
 # --------------------------------------------------------------------------
 # Memory.
 
@@ -466,6 +436,7 @@ def run(args: argparse.Namespace) -> dict:
 
     import keras
 
+    from keras_vit.flops import vit_macs
     from keras_vit.vit import parse_variant
 
     keras.config.set_dtype_policy(args.precision)
@@ -475,8 +446,12 @@ def run(args: argparse.Namespace) -> dict:
             f"--image-size {args.image_size} is not divisible by the patch size "
             f"{arch['patch_size']} of {args.variant!r}."
         )
-    macs = vit_macs(arch, (args.image_size,) * 2, 3, args.num_classes)
-    forward_flops = 2 * macs["total"]
+    # The same analytic count as `keras-vit info` (every matmul, attention
+    # products included).
+    macs = vit_macs(
+        args.variant, args.image_size, args.num_classes, num_layers=args.num_layers
+    )
+    forward_flops = 2 * macs
     # Backward costs two forward passes (gradients of inputs and of weights).
     train_flops = 3 * forward_flops
 
@@ -566,7 +541,7 @@ def run(args: argparse.Namespace) -> dict:
         "peak_dtype": compute_dtype,
         "model": {
             "parameters": params,
-            "forward_gmacs_per_image": macs["total"] / 1e9,
+            "forward_gmacs_per_image": macs / 1e9,
             "forward_gflops_per_image": forward_flops / 1e9,
             "train_gflops_per_image": train_flops / 1e9,
             "macs_by_part": macs,
