@@ -19,13 +19,29 @@ def _check_rate(name: str, value: float) -> float:
     return float(value)
 
 
-def _attention_output_spec(layer, x, return_attention_scores: bool):
+def _check_query_tokens(num_query_tokens, num_tokens):
+    if num_query_tokens is None:
+        return num_tokens
+    if not 1 <= int(num_query_tokens) <= num_tokens:
+        raise ValueError(
+            f"`num_query_tokens` must be in [1, {num_tokens}] for {num_tokens} "
+            f"tokens, got {num_query_tokens!r}."
+        )
+    return int(num_query_tokens)
+
+
+def _attention_output_spec(
+    layer, x, return_attention_scores: bool, num_query_tokens: int | None
+):
     """Symbolic outputs of a layer that may also return attention scores."""
-    out = keras.KerasTensor(x.shape, dtype=layer.compute_dtype)
+    tokens = x.shape[1]
+    queries = _check_query_tokens(num_query_tokens, tokens)
+    out = keras.KerasTensor(
+        (x.shape[0], queries, x.shape[2]), dtype=layer.compute_dtype
+    )
     if not return_attention_scores:
         return out
-    tokens = x.shape[1]
-    scores_shape = (x.shape[0], layer.num_heads, tokens, tokens)
+    scores_shape = (x.shape[0], layer.num_heads, queries, tokens)
     return out, keras.KerasTensor(scores_shape, dtype="float32")
 
 
@@ -46,7 +62,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         x: `(batch, num_tokens, hidden_dim)`.
         training: bool, whether dropout is active.
         return_attention_scores: bool, also return the attention
-            probabilities `(batch, num_heads, num_tokens, num_tokens)`.
+            probabilities `(batch, num_heads, num_queries, num_tokens)`.
+        num_query_tokens: int or None, only the first `num_query_tokens`
+            tokens attend (all tokens are still keys and values) and only
+            they are returned, `(batch, num_query_tokens, hidden_dim)`. A
+            class-token model needs nothing else of its last block.
     """
 
     def __init__(
@@ -87,38 +107,49 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.proj = keras.layers.Dense(hidden_dim, name="proj")
         self.proj.build(input_shape)
 
-    def call(self, x, training=None, return_attention_scores=False):
+    def call(
+        self, x, training=None, return_attention_scores=False, num_query_tokens=None
+    ):
         num_tokens, hidden_dim = x.shape[1], x.shape[2]
+        queries = _check_query_tokens(num_query_tokens, num_tokens)
+        heads, head_dim = self.num_heads, self.head_dim
         # The projections run on (batch * num_tokens, hidden_dim): a 2-D
         # MatMul + BiasAdd is what oneDNN fuses into one kernel (bench/).
+        qkv = self.qkv(ops.reshape(x, (-1, hidden_dim)))
+        # One transpose to (3, batch * heads, num_tokens, head_dim) makes both
+        # attention products plain 3-D batched matmuls with contiguous
+        # operands: 15% (XLA) to 30% (no XLA) less time than einsums over
+        # (batch, num_tokens, heads, head_dim), forward + backward (bench/).
+        qkv = ops.reshape(qkv, (-1, num_tokens, 3, heads, head_dim))
         qkv = ops.reshape(
-            self.qkv(ops.reshape(x, (-1, hidden_dim))),
-            (-1, num_tokens, 3, self.num_heads, self.head_dim),
+            ops.transpose(qkv, (2, 0, 3, 1, 4)), (3, -1, num_tokens, head_dim)
         )
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        q, k, v = qkv[0, :, :queries], qkv[1], qkv[2]
         # Scaling q before the product keeps float16 logits in range.
-        q = q * ops.cast(self.head_dim**-0.5, q.dtype)
-        use_dropout = training and self.attention_dropout_rate > 0
-        if return_attention_scores or use_dropout:
-            logits = ops.einsum("bqhd,bkhd->bhqk", q, k)
-            probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-            probs = self.probs_dropout(probs, training=training)
-            out = ops.einsum("bhqk,bkhd->bqhd", ops.cast(probs, v.dtype), v)
-        else:
-            # Keras' TF kernel casts the logits to float32 before the softmax.
-            out = ops.dot_product_attention(q, k, v, scale=1.0)
+        q = q * ops.cast(head_dim**-0.5, q.dtype)
+        logits = ops.matmul(q, ops.transpose(k, (0, 2, 1)))
+        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        probs = self.probs_dropout(probs, training=training)
+        out = ops.matmul(ops.cast(probs, v.dtype), v)
+        out = ops.transpose(
+            ops.reshape(out, (-1, heads, queries, head_dim)), (0, 2, 1, 3)
+        )
         out = self.proj(ops.reshape(out, (-1, hidden_dim)))
-        out = ops.reshape(out, (-1, num_tokens, hidden_dim))
+        out = ops.reshape(out, (-1, queries, hidden_dim))
         out = self.output_dropout(out, training=training)
         if return_attention_scores:
-            return out, probs
+            return out, ops.reshape(probs, (-1, heads, queries, num_tokens))
         return out
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_scores=False):
-        return _attention_output_spec(self, x, return_attention_scores)
+    def compute_output_spec(
+        self, x, training=None, return_attention_scores=False, num_query_tokens=None
+    ):
+        return _attention_output_spec(
+            self, x, return_attention_scores, num_query_tokens
+        )
 
     def get_config(self):
         return {
@@ -277,7 +308,11 @@ class TransformerBlock(keras.layers.Layer):
         x: `(batch, num_tokens, hidden_dim)`.
         training: bool, whether dropout and stochastic depth are active.
         return_attention_scores: bool, also return the attention
-            probabilities `(batch, num_heads, num_tokens, num_tokens)`.
+            probabilities `(batch, num_heads, num_queries, num_tokens)`.
+        num_query_tokens: int or None, only the first `num_query_tokens`
+            tokens attend (all tokens are still keys and values) and only
+            they are returned, `(batch, num_query_tokens, hidden_dim)`. A
+            class-token model needs nothing else of its last block.
     """
 
     def __init__(
@@ -332,16 +367,21 @@ class TransformerBlock(keras.layers.Layer):
             self.layer_scale1.build(input_shape)
             self.layer_scale2.build(input_shape)
 
-    def call(self, x, training=None, return_attention_scores=False):
+    def call(
+        self, x, training=None, return_attention_scores=False, num_query_tokens=None
+    ):
         attended = self.attention(
             self.norm1(x),
             training=training,
             return_attention_scores=return_attention_scores,
+            num_query_tokens=num_query_tokens,
         )
         if return_attention_scores:
             attended, scores = attended
         if self.layer_scale1 is not None:
             attended = self.layer_scale1(attended)
+        if num_query_tokens is not None:
+            x = x[:, : attended.shape[1]]
         x = x + self.drop_path1(attended, training=training)
         mlp_out = self.mlp(self.norm2(x), training=training)
         if self.layer_scale2 is not None:
@@ -354,8 +394,12 @@ class TransformerBlock(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_scores=False):
-        return _attention_output_spec(self, x, return_attention_scores)
+    def compute_output_spec(
+        self, x, training=None, return_attention_scores=False, num_query_tokens=None
+    ):
+        return _attention_output_spec(
+            self, x, return_attention_scores, num_query_tokens
+        )
 
     def get_config(self):
         return {

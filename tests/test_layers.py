@@ -225,6 +225,19 @@ def test_transformer_block_returns_attention_scores():
     np.testing.assert_allclose(np.asarray(scores).sum(-1), 1.0, atol=1e-5)
 
 
+def test_query_tokens_give_the_same_rows_as_the_full_block():
+    block = TransformerBlock(2, 16)
+    x = random(2, 5, 8)
+    full, full_scores = block(x, return_attention_scores=True)
+    out, scores = block(x, return_attention_scores=True, num_query_tokens=2)
+    assert out.shape == (2, 2, 8) and scores.shape == (2, 2, 2, 5)
+    np.testing.assert_allclose(out, np.asarray(full)[:, :2], atol=1e-5)
+    np.testing.assert_allclose(scores, np.asarray(full_scores)[:, :, :2], atol=1e-6)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match=rf"must be in \[1, 5\].*got {bad}"):
+            block(x, num_query_tokens=bad)
+
+
 def test_token_pooling_modes():
     x = random(2, 5, 3)
     np.testing.assert_array_equal(TokenPooling("token")(x), x[:, 0])

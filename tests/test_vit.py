@@ -124,6 +124,23 @@ def test_pooling_and_features():
     np.testing.assert_allclose(np.asarray(softmax(x)).sum(-1), 1.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("distilled", [False, True])
+def test_last_block_runs_only_the_prefix_tokens_a_token_head_reads(distilled):
+    model = tiny(distilled=distilled, include_top=False)
+    prefix = 2 if distilled else 1
+    assert tuple(model.get_layer("block_1").output.shape) == (None, prefix, 32)
+    # The same layers called on the whole sequence give the same class token.
+    x = images(3)
+    encoder = model.get_layer("patch_encoder")
+    tokens = keras.Model(model.input, encoder.output)(x)
+    for name in ("block_0", "block_1", "encoder_norm"):
+        tokens = model.get_layer(name)(tokens)
+    assert tokens.shape == (3, 5 + prefix - 1, 32)
+    np.testing.assert_allclose(model(x), np.asarray(tokens)[:, 0], atol=1e-5)
+    gap = tiny(pooling="gap", class_token=True)
+    assert tuple(gap.get_layer("block_1").output.shape) == (None, 5, 32)
+
+
 def test_distilled_model_averages_two_heads_and_exposes_both_for_training():
     model = tiny(distilled=True)
     for name in ("head", "head_dist"):
