@@ -5,6 +5,7 @@ Not a timing test: the figures depend on the machine and its load.
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,16 @@ def test_flop_count_matches_the_published_vit_ti16_figure():
     assert per_layer["patch_encoder"] == 196 * 16 * 16 * 3 * 192
 
 
+def test_ceiling_shapes_are_the_counted_matrix_products(throughput):
+    """The matmul-bound ceiling times exactly the products keras_vit.flops counts."""
+    from keras_vit.flops import vit_macs
+    from keras_vit.vit import parse_variant
+
+    shapes = throughput.matmul_shapes(parse_variant("Ti/16"), 224, 32, 1000)
+    macs = sum(count * math.prod(lhs) * rhs[-1] for _, count, lhs, rhs in shapes)
+    assert macs == 32 * vit_macs("Ti/16", 224, 1000)
+
+
 def test_tiny_run_writes_json_with_expected_keys(throughput, tmp_path, capsys):
     out = tmp_path / "bench.json"
     # timm is asked for but never imported here: importing torch after
@@ -59,6 +70,11 @@ def test_tiny_run_writes_json_with_expected_keys(throughput, tmp_path, capsys):
         "ratios", "skipped",
     }  # fmt: skip
     assert set(report["matmul_peak_gflops"]) == {"float32", "bfloat16"}
+    ceiling = report["matmul_ceiling_images_per_second"]
+    assert set(ceiling) == {"train", "infer"}
+    # Training runs every product three times (forward, two gradients).
+    assert ceiling["infer"] == pytest.approx(3 * ceiling["train"])
+    assert set(report["matmul_seconds_per_batch"]) >= {"qkv", "q @ k^T", "fc1"}
     assert all(v > 0 for v in report["matmul_peak_gflops"].values())
     assert report["model"]["parameters"]["keras_vit"] > 0
     assert report["model"]["train_gflops_per_image"] == pytest.approx(
@@ -73,11 +89,13 @@ def test_tiny_run_writes_json_with_expected_keys(throughput, tmp_path, capsys):
         assert len(r["rounds_images_per_second"]) == 2
         assert r["images_per_second"] > 0
         assert r["fraction_of_peak"] > 0
+        assert r["fraction_of_ceiling"] > 0
         assert r["peak_rss_mib"] > 0
     if "timm" in peers:
         assert "timm" in report["skipped"]
     printed = capsys.readouterr().out
     assert "| train | keras_vit | no jit |" in printed
+    assert "matmul-bound ceiling" in printed
     assert f"wrote {out}" in printed
 
 
