@@ -622,12 +622,18 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def ratios(results: list[dict]) -> dict:
-    """keras_vit's best setting over each peer's best, per mode."""
+def best_images_per_second(results: list[dict]) -> dict[tuple[str, str], float]:
+    """Each (mode, peer)'s best setting, in images/s."""
     best: dict[tuple[str, str], float] = {}
     for r in results:
         key = (r["mode"], r["peer"])
         best[key] = max(best.get(key, 0.0), r["images_per_second"])
+    return best
+
+
+def ratios(results: list[dict]) -> dict:
+    """keras_vit's best setting over each peer's best, per mode."""
+    best = best_images_per_second(results)
     out = {}
     for mode in MODES:
         ours = best.get((mode, "keras_vit"))
@@ -681,10 +687,7 @@ def format_table(report: dict) -> str:
             f"{r['warmup_seconds']:.1f} |"
         )
     lines.append("")
-    best = {}
-    for r in report["results"]:
-        key = (r["mode"], r["peer"])
-        best[key] = max(best.get(key, 0.0), r["images_per_second"])
+    best = best_images_per_second(report["results"])
     for key, value in report["ratios"].items():
         target = TARGETS.get(key)
         goal = ""

@@ -114,12 +114,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         queries = _check_query_tokens(num_query_tokens, num_tokens)
         heads, head_dim = self.num_heads, self.head_dim
         # The projections run on (batch * num_tokens, hidden_dim): a 2-D
-        # MatMul + BiasAdd is what oneDNN fuses into one kernel (bench/).
+        # MatMul + BiasAdd is what oneDNN fuses into one kernel (README, Performance).
         qkv = self.qkv(ops.reshape(x, (-1, hidden_dim)))
         # One transpose to (3, batch * heads, num_tokens, head_dim) makes both
         # attention products plain 3-D batched matmuls with contiguous
         # operands: 15% (XLA) to 30% (no XLA) less time than einsums over
-        # (batch, num_tokens, heads, head_dim), forward + backward (bench/).
+        # (batch, num_tokens, heads, head_dim), forward + backward (README,
+        # Performance).
         qkv = ops.reshape(qkv, (-1, num_tokens, 3, heads, head_dim))
         qkv = ops.reshape(
             ops.transpose(qkv, (2, 0, 3, 1, 4)), (3, -1, num_tokens, head_dim)
@@ -204,7 +205,7 @@ class MLP(keras.layers.Layer):
     def call(self, x, training=None):
         # On 2-D (tokens, features) TensorFlow's oneDNN rewrite fuses
         # MatMul + BiasAdd + exact GELU into one kernel; on the 3-D input it
-        # is a BatchMatMul and GELU's erf runs as separate passes (bench/).
+        # is a BatchMatMul and GELU's erf runs as separate passes (README, Performance).
         leading = tuple(
             ops.shape(x)[i] if d is None else d for i, d in enumerate(x.shape[:-1])
         )
