@@ -1,14 +1,26 @@
-"""Install keras-vit. TensorFlow comes from an extra: `[cpu]` or `[gpu]`."""
+"""Install keras-vit-tf (import name `keras_vit`). TensorFlow comes from an
+extra: `[cpu]` or `[gpu]`.
+
+The distribution is not called `keras-vit`: that PyPI name belongs to an
+unrelated Keras 2 era project that also installs a `keras_vit` module.
+"""
+
+import re
+from pathlib import Path
 
 from setuptools import find_packages, setup
 
 TF_VERSION = "2.21.0"
+HERE = Path(__file__).parent
+VERSION = re.search(
+    r'__version__ = "([^"]+)"', (HERE / "keras_vit" / "version.py").read_text()
+).group(1)
 
 setup(
-    name="keras-vit",
-    version="0.1.0",
+    name="keras-vit-tf",
+    version=VERSION,
     description="Vision Transformers for Keras 3 on TensorFlow.",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["keras_vit", "keras_vit.*"]),
@@ -36,6 +48,7 @@ setup(
             "matplotlib",
             "safetensors",
             "ruff",
+            "import-linter",
         ],
     },
     entry_points={"console_scripts": ["keras-vit=keras_vit.cli:main"]},

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from keras_vit.tflite import KINDS
+    from keras_vit.deploy.tflite import KINDS
 
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -83,9 +83,12 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     import tensorflow as tf
 
     import keras_vit
-    from keras_vit import tflite as tflite_lib
-    from keras_vit.export import export_model
-    from keras_vit.serving import normalize_pixels, normalize_preprocessing
+    from keras_vit.deploy import tflite as tflite_lib
+    from keras_vit.deploy.export import export_model
+    from keras_vit.models.preprocessing import (
+        normalize_pixels,
+        normalize_preprocessing,
+    )
 
     keras.utils.set_random_seed(0)
     model = keras_vit.ViT(

@@ -492,8 +492,8 @@ def run(args: argparse.Namespace) -> dict:
 
     import keras
 
-    from keras_vit.flops import vit_macs
-    from keras_vit.vit import parse_variant
+    from keras_vit.analysis.flops import vit_macs
+    from keras_vit.models.vit import parse_variant
 
     keras.config.set_dtype_policy(args.precision)
     arch = parse_variant(args.variant, num_layers=args.num_layers)

@@ -1,21 +1,33 @@
-"""keras_vit: Vision Transformers for Keras 3 on TensorFlow."""
+"""keras_vit: Vision Transformers for Keras 3 on TensorFlow.
 
-from keras_vit.hybrid import HybridViT, StdConv2D
-from keras_vit.layers import (
+The top level holds the network (`keras_vit.models`); the jobs around it live
+in subpackages: `pretrained` (checkpoint import), `training`, `deploy`
+(SavedModel, TFLite, serving) and `analysis` (FLOPs, evaluation, attention).
+"""
+
+from keras_vit.models import (
+    ARCHITECTURE_KEYS,
     MLP,
+    VARIANTS,
     DropPath,
+    HybridViT,
     LayerScale,
     MultiHeadSelfAttention,
     PatchEncoder,
     Patches,
+    StdConv2D,
     TokenPooling,
     TransformerBlock,
+    ViT,
+    distillation_heads,
+    parse_variant,
+    resample_position_embedding,
+    with_image_size,
 )
-from keras_vit.vit import VARIANTS, ViT, distillation_heads, parse_variant
-
-__version__ = "0.1.0"
+from keras_vit.version import __version__
 
 __all__ = [
+    "ARCHITECTURE_KEYS",
     "MLP",
     "VARIANTS",
     "DropPath",
@@ -28,6 +40,9 @@ __all__ = [
     "TokenPooling",
     "TransformerBlock",
     "ViT",
+    "__version__",
     "distillation_heads",
     "parse_variant",
+    "resample_position_embedding",
+    "with_image_size",
 ]

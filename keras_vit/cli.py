@@ -2,12 +2,12 @@
 
 Each subcommand parses its arguments and makes one call into the package:
 
-    train      keras_vit.training.train(recipe config)
-    evaluate   keras_vit.evaluation.evaluate(model, held-out data)
-    export     keras_vit.export.export_model(model, name, ...)
-    predict    keras_vit.export.predict(model path, images, top_k)
-    convert    keras_vit.weights.convert_checkpoint(checkpoint, out.keras)
-    visualize  keras_vit.visualize attention maps / rollout PNGs
+    train      keras_vit.training.trainer.train(recipe config)
+    evaluate   keras_vit.analysis.evaluation.evaluate(model, held-out data)
+    export     keras_vit.deploy.export.export_model(model, name, ...)
+    predict    keras_vit.deploy.export.predict(model path, images, top_k)
+    convert    keras_vit.pretrained.convert_checkpoint(checkpoint, out.keras)
+    visualize  keras_vit.analysis.visualize attention maps / rollout PNGs
     bench      bench/throughput.py (source checkouts)
     info       model summary, parameter count and FLOPs
 
@@ -62,7 +62,7 @@ def _existing(path: str, what: str) -> Path:
 def _load_keras_model(path: str):
     import keras
 
-    import keras_vit  # noqa: F401  registers the layers
+    import keras_vit.models  # noqa: F401  registers the layers
 
     source = _existing(path, "model")
     if source.suffix != ".keras":
@@ -75,7 +75,7 @@ def _load_keras_model(path: str):
 
 def _metadata(model_path: str) -> dict:
     """The training or export `metadata.json` that belongs to a model, or {}."""
-    from keras_vit import serving
+    from keras_vit.deploy import serving
 
     try:
         path = serving.find_metadata(model_path)
@@ -90,7 +90,7 @@ def _metadata(model_path: str) -> dict:
 def _preprocessing(model, model_path: str, mean, std) -> dict:
     """The pixels -> model input constants: `--mean/--std` win, then the
     model's metadata.json, then keras_vit's recipe default (x - 0.5) / 0.5."""
-    from keras_vit import serving
+    from keras_vit.models import preprocessing as preprocessing_lib
 
     given = dict(_metadata(model_path).get("preprocessing") or {})
     if not given and mean is None and std is None:
@@ -104,7 +104,7 @@ def _preprocessing(model, model_path: str, mean, std) -> dict:
         given["mean"] = mean
     if std is not None:
         given["std"] = std
-    return serving.normalize_preprocessing(model, given)
+    return preprocessing_lib.normalize_preprocessing(model, given)
 
 
 def _split(text: str) -> list[str]:
@@ -112,11 +112,12 @@ def _split(text: str) -> list[str]:
 
 
 def cmd_train(args) -> int:
-    from keras_vit import train_config
+    from keras_vit.training import config as train_config
+    from keras_vit.training import recipes
 
     options = list(args.options)
     if options[:1] in (["-h"], ["--help"]):
-        print(TRAIN_HELP.format(recipes=", ".join(train_config.recipe_names())))
+        print(TRAIN_HELP.format(recipes=", ".join(recipes.recipe_names())))
         return 0
     if options[:1] == ["--keys"]:
         print("\n".join(train_config.config_keys()))
@@ -124,8 +125,8 @@ def cmd_train(args) -> int:
     recipe = "digits"
     if options and not options[0].startswith("--"):
         recipe, options = options[0], options[1:]
-    config = train_config.load_recipe(recipe, train_config.parse_overrides(options))
-    from keras_vit import training
+    config = recipes.load_recipe(recipe, train_config.parse_overrides(options))
+    from keras_vit.training import trainer as training
 
     metadata = training.train(config)
     print(f"accuracy={metadata['accuracy']:.4f} run_dir={metadata['run_dir']}")
@@ -135,8 +136,8 @@ def cmd_train(args) -> int:
 TRAIN_HELP = """\
 usage: keras-vit train [RECIPE] [--key value | --key=value | --set key=value]...
 
-Trains a recipe (recipes/configs/RECIPE.py, or a path to a config file) with
-keras_vit.training.train: checkpoints and resumes in its run folder, evaluates
+Trains a recipe (keras_vit/training/recipes/RECIPE.py, or a path to a config file) with
+keras_vit.training.trainer.train: checkpoints and resumes in its run folder, evaluates
 on the held-out split, saves model.keras and metadata.json, exports when the
 recipe names an export.
 
@@ -150,8 +151,8 @@ recipes: {recipes} (default: digits)
 
 
 def cmd_evaluate(args) -> int:
-    from keras_vit import data as data_lib
-    from keras_vit import evaluation
+    from keras_vit.analysis import evaluation
+    from keras_vit.training import data as data_lib
 
     model = _load_keras_model(args.model)
     preprocessing = _preprocessing(model, args.model, None, None)
@@ -184,7 +185,7 @@ def cmd_evaluate(args) -> int:
 def cmd_export(args) -> int:
     import numpy as np
 
-    from keras_vit import export
+    from keras_vit.deploy import export
 
     model = _load_keras_model(args.model)
     metadata = _metadata(args.model)
@@ -222,7 +223,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from keras_vit import export
+    from keras_vit.deploy import export
 
     _existing(args.model, "model")
     results = export.predict(args.model, args.images, top_k=args.top_k)
@@ -233,12 +234,12 @@ def cmd_predict(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from keras_vit import weights
+    from keras_vit import pretrained
 
     overrides = {}
     if args.num_heads is not None:
         overrides["num_heads"] = args.num_heads
-    model = weights.convert_checkpoint(
+    model = pretrained.convert_checkpoint(
         args.checkpoint,
         args.output,
         image_size=args.image_size,
@@ -254,13 +255,15 @@ def cmd_convert(args) -> int:
 def cmd_visualize(args) -> int:
     import numpy as np
 
-    from keras_vit import serving, visualize
+    from keras_vit.analysis import visualize
+    from keras_vit.deploy import serving
+    from keras_vit.models import preprocessing as preprocessing_lib
 
     model = _load_keras_model(args.model)
     preprocessing = _preprocessing(model, args.model, args.mean, args.std)
     _existing(args.image, "image")
     pixels = serving.load_pixels(args.image, preprocessing)
-    image = np.asarray(serving.normalize_pixels(pixels, preprocessing))[0]
+    image = np.asarray(preprocessing_lib.normalize_pixels(pixels, preprocessing))[0]
     out = Path(args.out)
     stem = Path(args.image).stem
     num_blocks = len(visualize.attention_scores(model, image))
@@ -298,12 +301,12 @@ def cmd_visualize(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from keras_vit import flops
+    from keras_vit.analysis import flops
 
     if args.model.endswith(".keras"):
         model = _load_keras_model(args.model)
     else:
-        import keras_vit
+        from keras_vit import models as keras_vit
 
         builder = keras_vit.ViT
         options = {}

@@ -46,7 +46,7 @@ def digits_pixels(image_size=(16, 16), split="train"):
 
 
 def folder_pixels(folder, preprocessing, limit=2000):
-    from keras_vit.serving import load_pixels
+    from keras_vit.deploy.serving import load_pixels
 
     files = sorted(
         p for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES
@@ -106,8 +106,9 @@ def main(argv):
     import keras
 
     import keras_vit  # noqa: F401  registers the layers
-    from keras_vit import serving, tflite
-    from keras_vit.export import export_model
+    from keras_vit.deploy import serving, tflite
+    from keras_vit.deploy.export import export_model
+    from keras_vit.models import preprocessing as preprocessing_lib
 
     found = {}
     if args.smoke:
@@ -135,7 +136,7 @@ def main(argv):
                 if key in ("mean", "std")
                 else value
             )
-    preprocessing = serving.normalize_preprocessing(model, preprocessing)
+    preprocessing = preprocessing_lib.normalize_preprocessing(model, preprocessing)
     labels = found.get("labels")
     if args.labels:
         path = Path(args.labels)

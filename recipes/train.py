@@ -1,6 +1,6 @@
 """Runs a recipe: `python recipes/train.py [RECIPE] [--key value | --set key=value]...`
 
-RECIPE is a name in recipes/configs/ (default: digits) or a path to a config
+RECIPE is a name in keras_vit/training/recipes/ (default: digits) or a path to a config
 file. Every config key can be overridden, e.g.
 
     python recipes/train.py digits --optim.learning_rate 1e-3 --set batch_size=128
@@ -14,7 +14,8 @@ import sys
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from keras_vit.train_config import config_keys, load_recipe, parse_overrides  # noqa: E402
+from keras_vit.training.config import config_keys, parse_overrides  # noqa: E402
+from keras_vit.training.recipes import load_recipe  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -32,7 +33,7 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from keras_vit.training import train
+    from keras_vit.training.trainer import train
 
     metadata = train(config)
     print(f"accuracy={metadata['accuracy']:.4f} run_dir={metadata['run_dir']}")

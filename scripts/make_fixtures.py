@@ -48,7 +48,7 @@ computes for them. Fixtures:
 
     /work/venv-timm/bin/python scripts/make_fixtures.py --large /tmp/r50
 
-then convert `/tmp/r50` with `keras_vit.weights.convert_checkpoint` and
+then convert `/tmp/r50` with `keras_vit.pretrained.convert_checkpoint` and
 compare its logits on `parity.npz["images"]` with `parity.npz["logits"]`
 (measured: max difference 2.4e-5 on logits up to 2.2).
 """

@@ -13,8 +13,8 @@ OTHER_BACKENDS = [name for name in ("jax", "torch") if importlib.util.find_spec(
 
 
 def test_layers_and_vit_builder_use_no_tensorflow():
-    for module in ("layers.py", "blocks.py", "vit.py"):
-        source = (REPO / "keras_vit" / module).read_text()
+    for module in ("layers.py", "blocks.py", "vit.py", "hybrid.py", "resolution.py"):
+        source = (REPO / "keras_vit" / "models" / module).read_text()
         assert not re.search(r"\btf\.|import tensorflow", source), module
 
 
@@ -54,7 +54,7 @@ def test_a_tensorflow_trained_model_runs_the_same_on_another_backend(backend, tm
         out = keras.ops.convert_to_numpy(model(x))
         np.testing.assert_allclose(out, np.load(d / "expected.npy"), atol=1e-5)
         for layer in model.layers:
-            if type(layer).__module__ == "keras_vit.layers":
+            if type(layer).__module__ == "keras_vit.models.layers":
                 check_config_round_trip(layer)
         # Training-mode paths: dropout, stochastic depth, attention scores.
         block = keras_vit.TransformerBlock(2, 16, drop_path_rate=0.5,

@@ -30,9 +30,9 @@ def throughput():
 
 
 def test_flop_count_matches_the_published_vit_ti16_figure():
-    """The benchmark counts FLOPs with keras_vit.flops; pin that count."""
+    """The benchmark counts FLOPs with keras_vit.analysis.flops; pin that count."""
     from keras_vit import ViT
-    from keras_vit.flops import macs_by_layer, vit_macs
+    from keras_vit.analysis.flops import macs_by_layer, vit_macs
 
     # timm / fvcore list ViT-Ti/16 at 224 as 1.26 GMACs (matmuls only).
     assert vit_macs("Ti/16", 224) == 1_253_683_200
@@ -43,9 +43,9 @@ def test_flop_count_matches_the_published_vit_ti16_figure():
 
 
 def test_ceiling_shapes_are_the_counted_matrix_products(throughput):
-    """The matmul-bound ceiling times exactly the products keras_vit.flops counts."""
-    from keras_vit.flops import vit_macs
-    from keras_vit.vit import parse_variant
+    """The matmul-bound ceiling times exactly the products keras_vit.analysis.flops counts."""
+    from keras_vit.analysis.flops import vit_macs
+    from keras_vit.models.vit import parse_variant
 
     shapes = throughput.matmul_shapes(parse_variant("Ti/16"), 224, 32, 1000)
     macs = sum(count * math.prod(lhs) * rhs[-1] for _, count, lhs, rhs in shapes)

@@ -14,7 +14,7 @@ from helpers import REPO
 from PIL import Image
 
 import keras_vit
-from keras_vit import flops, visualize
+from keras_vit.analysis import flops, visualize
 from keras_vit.cli import main
 
 COMMANDS = ("train", "evaluate", "export", "predict", "convert", "visualize", "bench")

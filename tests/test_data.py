@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from keras_vit import data
+from keras_vit.training import data, sources
 
 TINY = dict(source="synthetic", num_channels=3, num_classes=4, synthetic_size=24)
 MIXED = dict(TINY, crop_scale_min=0.3, flip=True, mixup_alpha=0.8, cutmix_alpha=1.0)
@@ -75,7 +75,7 @@ def test_train_stream_is_deterministic_and_resumes_at_any_step():
 def test_epoch_is_a_permutation_of_the_training_set():
     config = data.DataConfig(source="digits", num_channels=1)
     ((images, labels),) = batches(data.make_train_dataset(config, 8, 1437, seed=0), 1)
-    train = data._digits_arrays()
+    train = sources.digits_arrays()
     # One epoch holds every training image once: the same label counts and
     # the same set of images, in another order.
     np.testing.assert_array_equal(
@@ -144,8 +144,8 @@ def test_tfrecords_round_trip_the_schema(tmp_path):
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
     labels = np.array([0, 1, 2, 0, 1, 2])
-    files = data.write_tfrecords(images, labels, tmp_path, "val", num_shards=2)
-    data.write_tfrecords(images, labels, tmp_path, "train")
+    files = sources.write_tfrecords(images, labels, tmp_path, "val", num_shards=2)
+    sources.write_tfrecords(images, labels, tmp_path, "train")
     assert [f.rsplit("/", 1)[1] for f in files] == [
         "val-00000-of-00002.tfrecord",
         "val-00001-of-00002.tfrecord",

@@ -1,4 +1,4 @@
-"""Strategies and XLA under them (keras_vit.distribute)."""
+"""Strategies and XLA under them (keras_vit.training.distribute)."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from helpers import REPO
 
-from keras_vit.distribute import (
+from keras_vit.training.distribute import (
     compile_model,
     get_strategy,
     is_chief,

@@ -7,7 +7,7 @@ import tensorflow as tf
 from PIL import Image
 from sklearn.metrics import confusion_matrix as sklearn_confusion_matrix
 
-from keras_vit import evaluation
+from keras_vit.analysis import evaluation
 
 
 def test_expected_calibration_error_by_hand():

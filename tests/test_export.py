@@ -23,8 +23,8 @@ from helpers import REPO, read_json, run_python
 from PIL import Image
 from tensorflow.core.framework import tensor_pb2
 
-from keras_vit import serving
-from keras_vit.export import export_model, predict
+from keras_vit.deploy import serving
+from keras_vit.deploy.export import export_model, predict
 
 GOLDEN = Path(__file__).parent / "golden" / "saved_model_cli_show.txt"
 DIGITS_PREPROCESSING = {
@@ -412,7 +412,7 @@ KILLED_EXPORT = """
 import sys, time
 import keras
 import keras_vit
-from keras_vit import export
+from keras_vit.deploy import export
 
 def stall(path, *args, **kwargs):
     print("PARTIAL", path, flush=True)

@@ -6,14 +6,14 @@ import pytest
 from sklearn.datasets import load_digits
 
 from keras_vit import ViT
-from keras_vit.finetune import (
+from keras_vit.pretrained import convert_checkpoint
+from keras_vit.training.finetune import (
     HardDistillation,
     LayerDecayAdamW,
     freeze_backbone,
     layer_decay_multipliers,
     layer_decay_optimizer,
 )
-from keras_vit.weights import convert_checkpoint
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

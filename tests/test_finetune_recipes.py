@@ -1,4 +1,4 @@
-"""The fine-tuning recipes (recipes/configs/finetune_*.py) through the one
+"""The fine-tuning recipes (keras_vit/training/recipes/finetune_*.py) through the one
 trainer: a converted checkpoint fine-tuned on the digits (linear probe and
 full), and a resolution change that keeps the held-out accuracy."""
 
@@ -10,9 +10,9 @@ import pytest
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from keras_vit import training
-from keras_vit.finetune import LayerDecayAdamW
-from keras_vit.train_config import load_recipe
+from keras_vit.training import trainer as training
+from keras_vit.training.finetune import LayerDecayAdamW
+from keras_vit.training.recipes import load_recipe
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHANCE_LOSS = float(np.log(10.0))  # a zero head on 10 classes

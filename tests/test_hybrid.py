@@ -9,7 +9,7 @@ from helpers import (
 )
 
 from keras_vit import HybridViT, StdConv2D
-from keras_vit.weights import with_image_size
+from keras_vit.models.resolution import with_image_size
 
 
 def tiny_hybrid(**kwargs):

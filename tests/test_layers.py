@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 from helpers import check_config_round_trip
 
-from keras_vit.layers import (
+from keras_vit.models.layers import (
     MLP,
     DropPath,
     LayerScale,

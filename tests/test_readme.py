@@ -22,7 +22,8 @@ import pytest
 from helpers import REPO
 from PIL import Image
 
-from keras_vit import flops, parse_variant
+from keras_vit import parse_variant
+from keras_vit.analysis import flops
 
 README = REPO / "README.md"
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.M | re.S)
@@ -87,9 +88,15 @@ def test_setup_commands_are_the_ones_ci_and_the_recipe_use():
     main_job, test_job = code.strip().splitlines()
     assert main_job == 'pip install -e ".[cpu,export]" && python recipes/train.py'
     assert test_job == 'pip install -e ".[cpu,test]" && python -m pytest'
-    # The test command is what CI runs, step by step.
-    assert [without_quiet(c) for c in ci_commands()] == [
-        without_quiet(part) for part in test_job.split(" && ")
+    # CI runs the test command, step by step, with the lint and import-layer
+    # checks between its install and its pytest.
+    ci = [without_quiet(c) for c in ci_commands()]
+    install, pytest_run = (without_quiet(part) for part in test_job.split(" && "))
+    assert ci[0] == install and ci[-1] == pytest_run
+    assert [c[:2] for c in ci[1:-1]] == [
+        ["ruff", "check"],
+        ["ruff", "format"],
+        ["lint-imports"],
     ]
     extras = setup_extras()
     for command in (main_job, test_job):
@@ -98,7 +105,8 @@ def test_setup_commands_are_the_ones_ci_and_the_recipe_use():
 
 
 def test_python_recipes_train_py_trains_and_exports_the_default_recipe(monkeypatch):
-    from keras_vit import train_config, training
+    from keras_vit.training import recipes
+    from keras_vit.training import trainer as training
 
     spec = importlib.util.spec_from_file_location(
         "readme_recipe_train", REPO / "recipes" / "train.py"
@@ -114,7 +122,7 @@ def test_python_recipes_train_py_trains_and_exports_the_default_recipe(monkeypat
     monkeypatch.setattr(training, "train", fake_train)
     assert script.main([]) == 0
     (config,) = seen
-    assert config == train_config.load_recipe("digits")
+    assert config == recipes.load_recipe("digits")
     assert config.data.source == "digits"
     assert config.export_name  # "... and exported into saved_models/"
 

@@ -11,8 +11,8 @@ import pytest
 from helpers import REPO
 from PIL import Image
 
-from keras_vit import training
-from keras_vit.train_config import load_recipe, recipe_names
+from keras_vit.training import trainer as training
+from keras_vit.training.recipes import load_recipe, recipe_names
 
 
 def image_folder(root):

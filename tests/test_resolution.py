@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from keras_vit import ViT
-from keras_vit.weights import resample_position_embedding, with_image_size
+from keras_vit.models.resolution import resample_position_embedding, with_image_size
 
 
 def test_resampling_to_the_same_grid_is_the_identity():

@@ -1,4 +1,4 @@
-"""Checkpoints, kill-and-resume, damaged checkpoints and NaN (keras_vit.checkpoint)."""
+"""Checkpoints, kill-and-resume, damaged checkpoints and NaN (keras_vit.training.checkpoints)."""
 
 import json
 import os
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from helpers import REPO
 
-from keras_vit.checkpoint import (
+from keras_vit.training.checkpoints import (
     MANIFEST,
     CheckpointCallback,
     CheckpointError,

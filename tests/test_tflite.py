@@ -7,8 +7,14 @@ import tensorflow as tf
 from ai_edge_litert.interpreter import Interpreter
 from test_export import exported, keras_outputs, raw_pixels  # noqa: F401
 
-from keras_vit import tflite
-from keras_vit.tflite import KINDS, Runner, check_builtin_only, file_name, operators
+from keras_vit.deploy import tflite
+from keras_vit.deploy.tflite import (
+    KINDS,
+    Runner,
+    check_builtin_only,
+    file_name,
+    operators,
+)
 
 
 @pytest.fixture(scope="module")

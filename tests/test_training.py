@@ -8,9 +8,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_vit import training
-from keras_vit.data import DataConfig
-from keras_vit.train_config import (
+from keras_vit.training import trainer as training
+from keras_vit.training.config import (
+    DataConfig,
     ModelConfig,
     OptimConfig,
     TrainConfig,
@@ -212,7 +212,7 @@ def test_progressive_resizing_and_pretrained_init(tmp_path):
 
 
 def test_smoke_version_is_two_steps(tmp_path):
-    from keras_vit.train_config import smoke_version
+    from keras_vit.training.config import smoke_version
 
     config = smoke_version(
         override(

@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 
 import keras_vit
-from keras_vit import visualize
-from keras_vit.hybrid import HybridViT
+from keras_vit.analysis import visualize
+from keras_vit.models.hybrid import HybridViT
 
 
 def tiny(**kwargs):

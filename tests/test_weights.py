@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from keras_vit import convert
-from keras_vit.weights import (
+from keras_vit.files import sha256
+from keras_vit.pretrained import (
     CheckpointError,
     UnsafeCheckpointError,
+    convert,
     convert_checkpoint,
     read_checkpoint,
 )
@@ -366,7 +367,7 @@ def fake_hub(tmp_path, source_folder, blob_name=None, error=None):
             raise RemoteEntryNotFoundError(filename)
         blobs = tmp_path / "cache" / "blobs"
         blobs.mkdir(parents=True, exist_ok=True)
-        blob = blobs / (blob_name or convert.file_sha256(source))
+        blob = blobs / (blob_name or sha256(source))
         if filename == "config.json":
             blob = blobs / "0123456789abcdef0123456789abcdef01234567"
         shutil.copy(source, blob)
@@ -414,7 +415,7 @@ def test_download_with_a_wrong_sha256_is_refused(tmp_path, monkeypatch):
     )
     local = FIXTURES / "hf_vit" / "model.safetensors"
     assert_refused(local, CheckpointError, "sha256 mismatch", tmp_path, sha256="0" * 64)
-    digest = convert.file_sha256(local)
+    digest = sha256(local)
     assert convert_checkpoint(local, sha256=digest).output_shape == (None, 5)
 
 

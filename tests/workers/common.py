@@ -100,7 +100,7 @@ class StepLog(keras.callbacks.Callback):
 
 
 def compile_tiny(model, strategy=None, jit_compile=False, learning_rate=1e-3):
-    from keras_vit.distribute import compile_model
+    from keras_vit.training.distribute import compile_model
 
     return compile_model(
         model,

@@ -21,7 +21,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from common import compile_tiny, stream, tiny_vit  # noqa: E402
 
-from keras_vit.distribute import compile_model, get_strategy  # noqa: E402
+from keras_vit.training.distribute import compile_model, get_strategy  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--jit", type=int, default=0)

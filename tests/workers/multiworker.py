@@ -10,8 +10,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import numpy as np  # noqa: E402
 from common import StepLog, compile_tiny, stream, tiny_vit  # noqa: E402
 
-from keras_vit.checkpoint import CheckpointCallback  # noqa: E402
-from keras_vit.distribute import get_strategy, is_chief  # noqa: E402
+from keras_vit.training.checkpoints import CheckpointCallback  # noqa: E402
+from keras_vit.training.distribute import get_strategy, is_chief  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("run_dir")

@@ -9,7 +9,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from common import StepLog, compile_tiny, stream, tiny_vit  # noqa: E402
 
-from keras_vit.checkpoint import CheckpointCallback, restore_latest  # noqa: E402
+from keras_vit.training.checkpoints import CheckpointCallback, restore_latest  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("run_dir")

@@ -1,9 +1,9 @@
-"""Where the images come from: the sources behind `keras_vit.data`.
+"""Where the images come from: the sources behind `keras_vit.training.data`.
 
-Each split is a `_Source`: a table with random access (`load(index)` and
+Each split is a `Source`: a table with random access (`load(index)` and
 `size`: arrays, digits, synthetic, image folders) or a record stream
 (`records` and `decode(record)`: TFRecords, TFDS). The TFRecord schema is in
-`keras_vit.data`'s docstring.
+`keras_vit.training.data`'s docstring.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
-if TYPE_CHECKING:
-    from keras_vit.data import DataConfig
+from keras_vit.models.vit import image_hw
+from keras_vit.training.config import DataConfig
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TFRECORD_FEATURES = {
@@ -28,7 +27,7 @@ TFRECORD_FEATURES = {
 
 
 @dataclass
-class _Source:
+class Source:
     """A split as a table with random access (`load(index)`, `size`) or as
     a record stream (`records`, `decode(record)`)."""
 
@@ -40,13 +39,7 @@ class _Source:
     skipped: tf.Variable | None = None
 
 
-def _hw(image_size) -> tuple[int, int]:
-    if isinstance(image_size, int):
-        return image_size, image_size
-    return tuple(int(s) for s in image_size)
-
-
-def _digits_arrays():
+def digits_arrays():
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -59,7 +52,7 @@ def _digits_arrays():
     return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval}
 
 
-def _array_source(images, labels, class_names) -> _Source:
+def array_source(images, labels, class_names) -> Source:
     images = tf.constant(np.asarray(images, dtype="float32"))
     labels = tf.constant(np.asarray(labels, dtype="int64"))
     if images.shape.rank != 4 or images.shape[0] != labels.shape[0]:
@@ -67,17 +60,17 @@ def _array_source(images, labels, class_names) -> _Source:
             f"arrays must be images (n, height, width, channels) and labels (n,), "
             f"got {images.shape} and {labels.shape}."
         )
-    return _Source(
+    return Source(
         class_names,
         size=int(labels.shape[0]),
         load=lambda i: (tf.gather(images, i), tf.gather(labels, i)),
     )
 
 
-def _synthetic_source(config: DataConfig, image_size, train: bool) -> _Source:
+def synthetic_source(config: DataConfig, image_size, train: bool) -> Source:
     """Class templates plus noise: learnable, and every pixel a function of
     (class, index), so nothing is stored."""
-    height, width = _hw(image_size)
+    height, width = image_hw(image_size)
     classes = config.num_classes or 10
     shape = (height, width, config.num_channels)
     offset = 0 if train else config.synthetic_size
@@ -88,7 +81,7 @@ def _synthetic_source(config: DataConfig, image_size, train: bool) -> _Source:
         noise = tf.random.stateless_uniform(shape, tf.stack([i + offset, 29]))
         return (0.7 * template + 0.3 * noise) * config.pixel_scale, label
 
-    return _Source(
+    return Source(
         [str(c) for c in range(classes)], size=config.synthetic_size, load=load
     )
 
@@ -126,7 +119,9 @@ def _decoder(config: DataConfig):
         ok = _valid_image_bytes(contents)
         if config.on_error == "raise":
             check = tf.debugging.Assert(
-                ok, ["keras_vit.data: cannot decode image file", name], summarize=1
+                ok,
+                ["keras_vit.training.data: cannot decode image file", name],
+                summarize=1,
             )
             with tf.control_dependencies([check]):
                 contents = tf.identity(contents)
@@ -143,7 +138,7 @@ def _decoder(config: DataConfig):
     return decode
 
 
-def _folder_source(config: DataConfig, split: str) -> _Source:
+def folder_source(config: DataConfig, split: str) -> Source:
     root = Path(config.path) / split
     if not root.is_dir():
         raise ValueError(
@@ -171,10 +166,10 @@ def _folder_source(config: DataConfig, split: str) -> _Source:
         image, ok = decode(tf.io.read_file(path), path)
         return image, tf.gather(labels_t, i), ok
 
-    return _Source(class_names, size=len(paths), load=load, skipped=skipped)
+    return Source(class_names, size=len(paths), load=load, skipped=skipped)
 
 
-def _tfrecord_source(config: DataConfig, split: str) -> _Source:
+def tfrecord_source(config: DataConfig, split: str) -> Source:
     pattern = os.path.join(config.path, f"{split}-*.tfrecord")
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
@@ -194,10 +189,10 @@ def _tfrecord_source(config: DataConfig, split: str) -> _Source:
 
     records = tf.data.TFRecordDataset(files)
     names = [str(c) for c in range(config.num_classes)]
-    return _Source(names, records=records, decode=decode, skipped=skipped)
+    return Source(names, records=records, decode=decode, skipped=skipped)
 
 
-def _tfds_source(config: DataConfig, split: str) -> _Source:
+def tfds_source(config: DataConfig, split: str) -> Source:
     try:
         import tensorflow_datasets as tfds
     except ImportError:
@@ -222,7 +217,7 @@ def _tfds_source(config: DataConfig, split: str) -> _Source:
         )
         return tf.cast(image, tf.float32), example["label"], tf.constant(True)
 
-    return _Source(names, records=records, decode=decode)
+    return Source(names, records=records, decode=decode)
 
 
 def write_tfrecords(

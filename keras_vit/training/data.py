@@ -23,84 +23,44 @@ Files are `<path>/<split>-*.tfrecord`, e.g. `train-00000-of-00004.tfrecord`.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.augment import Augmenter
-from keras_vit.data_sources import (  # noqa: F401  (re-exported)
-    IMAGE_EXTENSIONS,
-    TFRECORD_FEATURES,
-    _array_source,
-    _digits_arrays,
-    _folder_source,
-    _hw,
-    _Source,
-    _synthetic_source,
-    _tfds_source,
-    _tfrecord_source,
-    write_tfrecords,
+from keras_vit.models.preprocessing import normalize_pixels, preprocessing_dict
+from keras_vit.models.vit import image_hw
+from keras_vit.training.augment import Augmenter
+from keras_vit.training.config import DataConfig, validate_data_config
+from keras_vit.training.sources import (
+    Source,
+    array_source,
+    digits_arrays,
+    folder_source,
+    synthetic_source,
+    tfds_source,
+    tfrecord_source,
 )
-
-SOURCES = ("digits", "synthetic", "folder", "tfrecord", "tfds", "arrays")
-
-
-@dataclass
-class DataConfig:
-    """Where the images come from, how they are normalised and augmented.
-
-    `source`: one of `SOURCES`. `path`: image-folder root (holding one folder
-    per split, each holding one folder per class), TFRecord folder, TFDS
-    dataset name, or `.npz` with `x_train, y_train, x_eval, y_eval` for
-    `"arrays"`. Splits are sub-folders / file prefixes / TFDS split names.
-    """
-
-    source: str = "digits"
-    path: str = ""
-    train_split: str = "train"
-    eval_split: str = "val"
-    tfds_data_dir: str = ""
-    num_classes: int = 0  # 0: from the source
-    num_channels: int = 3
-    mean: tuple[float, ...] = (0.5,)
-    std: tuple[float, ...] = (0.5,)
-    pixel_scale: float = 255.0
-    resize_method: str = "bilinear"
-    eval_crop: float = 1.0  # center crop fraction at eval (0.875: 256 -> 224)
-    shuffle_buffer: int = 10_000  # record streams only
-    on_error: str = "raise"  # or "skip": drop undecodable images and count them
-    synthetic_size: int = 512
-    crop_scale_min: float = 1.0  # < 1: random resized crop with this min area
-    flip: bool = False
-    randaugment_ops: int = 0
-    randaugment_magnitude: float = 0.5
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
-    arrays: dict | None = field(default=None, repr=False)  # in-process only
 
 
 def preprocessing(config: DataConfig, image_size) -> dict:
     """The input constants a served model needs: model input is
     `(pixels / pixel_scale - mean) / std` at `image_size`."""
-    height, width = _hw(image_size)
-    return {
-        "image_size": [height, width],
-        "num_channels": config.num_channels,
-        "mean": list(config.mean),
-        "std": list(config.std),
-        "pixel_scale": float(config.pixel_scale),
-        "resize_method": config.resize_method,
-    }
+    return preprocessing_dict(
+        image_size,
+        config.num_channels,
+        config.mean,
+        config.std,
+        config.pixel_scale,
+        config.resize_method,
+    )
 
 
-def _source(config: DataConfig, image_size, train: bool) -> _Source:
+def _source(config: DataConfig, image_size, train: bool) -> Source:
     validate_data_config(config)
     split = config.train_split if train else config.eval_split
     if config.source == "digits":
-        arrays = _digits_arrays()
+        arrays = digits_arrays()
     elif config.source == "arrays":
         arrays = config.arrays
         if arrays is None:
@@ -111,19 +71,19 @@ def _source(config: DataConfig, image_size, train: bool) -> _Source:
                 )
             arrays = dict(np.load(config.path))
     elif config.source == "synthetic":
-        return _synthetic_source(config, image_size, train)
+        return synthetic_source(config, image_size, train)
     elif config.source == "folder":
-        return _folder_source(config, split)
+        return folder_source(config, split)
     elif config.source == "tfrecord":
-        return _tfrecord_source(config, split)
+        return tfrecord_source(config, split)
     else:
-        return _tfds_source(config, split)
+        return tfds_source(config, split)
     key = "train" if train else "eval"
     labels = np.asarray(arrays[f"y_{key}"])
     classes = config.num_classes or int(
         max(np.max(arrays["y_train"]), np.max(arrays["y_eval"])) + 1
     )
-    return _array_source(arrays[f"x_{key}"], labels, [str(c) for c in range(classes)])
+    return array_source(arrays[f"x_{key}"], labels, [str(c) for c in range(classes)])
 
 
 def class_names(config: DataConfig, image_size=16) -> list[str]:
@@ -132,12 +92,10 @@ def class_names(config: DataConfig, image_size=16) -> list[str]:
 
 
 def _normalise(config: DataConfig, image):
-    mean = tf.constant(config.mean, tf.float32)
-    std = tf.constant(config.std, tf.float32)
-    return (image / config.pixel_scale - mean) / std
+    return normalize_pixels(image, preprocessing(config, (1, 1)))
 
 
-def _elements(source: _Source, seed: int, start: int, shuffle_buffer: int):
+def _elements(source: Source, seed: int, start: int, shuffle_buffer: int):
     """(position, element) pairs of the infinite training stream from
     element `start`, before any decoding."""
     positions = tf.data.Dataset.range(start, 2**62)
@@ -158,14 +116,14 @@ def _elements(source: _Source, seed: int, start: int, shuffle_buffer: int):
     return tf.data.Dataset.zip(positions, records)
 
 
-def _fetch(source: _Source, element):
+def _fetch(source: Source, element):
     out = source.load(element) if source.load is not None else source.decode(element)
     image, label = out[0], out[1]
     ok = out[2] if len(out) > 2 else tf.constant(True)
     return image, label, ok
 
 
-def _drop_bad(source: _Source, dataset, config: DataConfig):
+def _drop_bad(source: Source, dataset, config: DataConfig):
     if config.on_error != "skip" or source.skipped is None:
         return dataset.map(lambda *e: e[:-1])
 
@@ -198,7 +156,7 @@ def make_train_dataset(
             f"batch_size must be >= 1 and start_step >= 0, got {batch_size}, "
             f"{start_step}."
         )
-    size = _hw(image_size)
+    size = image_hw(image_size)
     source = _source(config_data, size, train=True)
     num_classes = len(source.class_names)
     crop = None
@@ -247,7 +205,7 @@ def make_eval_dataset(
     """The held-out split once, in a fixed order: `(images, one_hot_labels)`
     batches (the last one may be smaller), resized and center-cropped by
     `eval_crop`, without augmentation."""
-    height, width = _hw(image_size)
+    height, width = image_hw(image_size)
     source = _source(config_data, (height, width), train=False)
     num_classes = len(source.class_names)
     crop = config_data.eval_crop
@@ -274,55 +232,3 @@ def make_eval_dataset(
     if max_batches is not None:
         dataset = dataset.take(max_batches)
     return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-_CHOICES = {
-    "source": SOURCES,
-    "on_error": ("raise", "skip"),
-    "resize_method": ("bilinear", "bicubic", "nearest", "area"),
-}
-
-
-def validate_data_config(config: DataConfig) -> None:
-    """ValueErrors that name the key, the bad value and what is valid."""
-    for key, choices in _CHOICES.items():
-        if getattr(config, key) not in choices:
-            raise ValueError(
-                f"data.{key} must be one of {list(choices)}, "
-                f"got {getattr(config, key)!r}."
-            )
-    ranges = {
-        "num_classes": (0, None),
-        "num_channels": (1, 4),
-        "pixel_scale": (1e-6, None),
-        "eval_crop": (1e-6, 1.0),
-        "shuffle_buffer": (1, None),
-        "synthetic_size": (1, None),
-        "crop_scale_min": (1e-6, 1.0),
-        "randaugment_ops": (0, 11),
-        "randaugment_magnitude": (0.0, 1.0),
-        "mixup_alpha": (0.0, None),
-        "cutmix_alpha": (0.0, None),
-    }
-    for key, (low, high) in ranges.items():
-        value = getattr(config, key)
-        if isinstance(value, bool) or not low <= value <= (
-            high if high is not None else value
-        ):
-            valid = f"[{low}, {high}]" if high is not None else f">= {low}"
-            raise ValueError(f"data.{key} must be in {valid}, got {value!r}.")
-    if len(config.mean) not in (1, config.num_channels) or len(config.std) != len(
-        config.mean
-    ):
-        raise ValueError(
-            f"data.mean and data.std need 1 or num_channels={config.num_channels} "
-            f"values each, got {config.mean!r} and {config.std!r}."
-        )
-    if any(s <= 0 for s in config.std):
-        raise ValueError(f"data.std must be positive, got {config.std!r}.")
-    if config.source in ("folder", "tfrecord", "tfds") and not config.path:
-        raise ValueError(f"source={config.source!r} needs data.path.")
-
-
-def data_keys() -> list[str]:
-    return [f.name for f in dataclasses.fields(DataConfig) if f.name != "arrays"]

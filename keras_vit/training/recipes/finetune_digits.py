@@ -6,7 +6,7 @@
 
 The model is the digits recipe's ViT-Ti/4 with the weights of
 `model.pretrained`, rebuilt at 32x32: the 4x4 grid of position embeddings is
-resampled bicubically to 8x8 (`keras_vit.weights.with_image_size`), a head of
+resampled bicubically to 8x8 (`keras_vit.models.resolution.with_image_size`), a head of
 another class count starts at zero. Full fine-tune for 300 steps at half the
 pretraining peak rate, with warmup, no weight decay and no dropout. Measured
 on 2 CPU cores: from the digits recipe's model (0.9778 held out at 16x16),
@@ -26,7 +26,7 @@ recipe's) keeps the patches smooth.
 
 import dataclasses
 
-from keras_vit.train_config import base_recipe
+from keras_vit.training.recipes import base_recipe
 
 
 def get_config():

@@ -33,7 +33,6 @@ training loop, a second checkpoint format and resuming mid-interval.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -48,14 +47,12 @@ import h5py
 import keras
 import numpy as np
 
-from keras_vit.distribute import is_chief
+from keras_vit.errors import CheckpointError
+from keras_vit.files import sha256, write_atomic, write_json_atomic
+from keras_vit.training.distribute import is_chief
 
 MANIFEST = "checkpoints.json"
 _NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
-
-
-class CheckpointError(RuntimeError):
-    """No checkpoint in a run folder can be restored."""
 
 
 class NonFiniteLossError(RuntimeError):
@@ -110,30 +107,25 @@ def save_checkpoint(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(run_dir, step)
-    temp = (
-        run_dir / f".{final.name[: -len('.weights.h5')]}.{os.getpid()}.tmp.weights.h5"
-    )
-    try:
+
+    def write(temp):
         model.save_weights(temp)
         _save_random_state(temp, model)
-        _fsync(temp)
-        os.replace(temp, final)
-    finally:
-        temp.unlink(missing_ok=True)
-    _fsync_dir(run_dir)
+
+    write_atomic(final, write)
     entries = [e for e in _known(run_dir).values() if e["step"] != step]
     entries.append(
         {
             "step": step,
             "file": final.name,
-            "sha256": _sha256(final),
+            "sha256": sha256(final),
             "bytes": final.stat().st_size,
             "loss": loss,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
     )
     entries = sorted(entries, key=lambda entry: entry["step"])[-keep:]
-    _write_json_atomic(run_dir / MANIFEST, {"format": 1, "checkpoints": entries})
+    write_json_atomic(run_dir / MANIFEST, {"format": 1, "checkpoints": entries})
     kept = {entry["file"] for entry in entries}
     for path in run_dir.iterdir():
         if _NAME.match(path.name) and path.name not in kept:
@@ -192,7 +184,7 @@ def _known(run_dir):
 def _check_file(path, entry):
     if not path.exists():
         return "listed in the manifest but missing"
-    if "sha256" in entry and _sha256(path) != entry["sha256"]:
+    if "sha256" in entry and sha256(path) != entry["sha256"]:
         return (
             f"sha256 mismatch ({path.stat().st_size} bytes, manifest says "
             f"{entry.get('bytes')}): the file is damaged"
@@ -344,40 +336,6 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self.raise_on_nan:
             raise NonFiniteLossError(message)
         warnings.warn(message, stacklevel=2)
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync(path):
-    with open(path, "rb+") as file:
-        os.fsync(file.fileno())
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path, data):
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temp, "w") as file:
-            json.dump(data, file, indent=1)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
 
 
 __all__ = [

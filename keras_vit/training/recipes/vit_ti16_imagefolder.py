@@ -14,8 +14,7 @@ the run is ~375k steps at batch 1024 and has not been run here (its smoke mode
 runs in the tests on a generated folder).
 """
 
-from keras_vit.data import DataConfig
-from keras_vit.train_config import ModelConfig, OptimConfig, TrainConfig
+from keras_vit.training.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 BATCH_SIZE = 1024

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import keras
 
-from keras_vit.layers import PatchEncoder, Patches, TokenPooling, TransformerBlock
+from keras_vit.models.layers import (
+    PatchEncoder,
+    Patches,
+    TokenPooling,
+    TransformerBlock,
+)
 
 # One line per size: hidden_dim, num_layers, num_heads, mlp_dim (paper, Table 1;
 # Ti and S from DeiT / timm).

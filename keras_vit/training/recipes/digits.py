@@ -11,8 +11,7 @@ runs/digits/ (model.keras, metadata.json, history.csv, curves.png,
 tensorboard/) and exports saved_models/vit_digits.
 """
 
-from keras_vit.data import DataConfig
-from keras_vit.train_config import ModelConfig, OptimConfig, TrainConfig
+from keras_vit.training.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 
 
 def get_config() -> TrainConfig:

@@ -3,7 +3,7 @@
     python recipes/train.py digits_progressive
 
 At step 500 the model is rebuilt at 16x16 with
-`keras_vit.weights.with_image_size` (the 3x3 position embedding resampled to
+`keras_vit.models.resolution.with_image_size` (the 3x3 position embedding resampled to
 4x4) and training continues on the schedule; AdamW's moments restart at the
 switch. The first half runs on 9 instead of 16 patches. Reaches about the
 default recipe's held-out accuracy (~0.97).
@@ -11,7 +11,7 @@ default recipe's held-out accuracy (~0.97).
 
 import dataclasses
 
-from keras_vit.train_config import base_recipe
+from keras_vit.training.recipes import base_recipe
 
 
 def get_config():

@@ -6,7 +6,7 @@
         --data.source folder --data.path my_images --data.num_channels 3
 
 `model.pretrained` is a keras_vit `.keras` file of this recipe's architecture
-(the digits recipe's), or any checkpoint `keras_vit.convert.convert_checkpoint`
+(the digits recipe's), or any checkpoint `keras_vit.pretrained.convert.convert_checkpoint`
 reads (timm / Hugging Face `model.safetensors` + `config.json`, AugReg `.npz`),
 whose own architecture is then used (three-channel checkpoints need
 three-channel data). Every layer but `head` is frozen; the head starts at zero
@@ -21,7 +21,7 @@ ones (tests/test_finetune_recipes.py).
 
 import dataclasses
 
-from keras_vit.train_config import base_recipe
+from keras_vit.training.recipes import base_recipe
 
 
 def get_config():

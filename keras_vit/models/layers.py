@@ -13,7 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.blocks import (  # noqa: F401  re-exported: one import for all layers
+from keras_vit.models.blocks import (  # noqa: F401  re-exported: one import for all layers
     MLP,
     DropPath,
     LayerScale,

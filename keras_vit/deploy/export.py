@@ -45,18 +45,22 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import tflite as tflite_lib
-from keras_vit.serving import (
+from keras_vit.deploy import tflite as tflite_lib
+from keras_vit.deploy.serving import (
     BYTES_INPUT,
     BYTES_SIGNATURE,
     SERVING_INPUT,
     ends_in_softmax,
-    normalize_pixels,
-    normalize_preprocessing,
     predict,
     prediction_log_bytes,
+)
+from keras_vit.files import write_atomic
+from keras_vit.models.preprocessing import (
+    normalize_pixels,
+    normalize_preprocessing,
     resize_pixels,
 )
+from keras_vit.version import __version__
 
 __all__ = ["export_model", "predict", "write_saved_model", "write_warmup_requests"]
 
@@ -222,10 +226,8 @@ def _architecture(model: keras.Model, variant: str | None) -> dict:
 
 
 def _versions() -> dict:
-    import keras_vit
-
     found = {"tensorflow": tf.__version__, "keras": keras.__version__}
-    found["keras_vit"] = keras_vit.__version__
+    found["keras_vit"] = __version__
     try:
         found["ai_edge_litert"] = importlib.metadata.version("ai-edge-litert")
     except importlib.metadata.PackageNotFoundError:
@@ -265,17 +267,6 @@ def _remove_stale_partials(model_dir: Path) -> None:
 def _next_version(model_dir: Path) -> int:
     versions = [int(p.name) for p in model_dir.iterdir() if p.name.isdigit()]
     return max(versions, default=0) + 1
-
-
-def _write_atomic(target: Path, write) -> None:
-    """`write(temp_path)` then rename over `target`."""
-    temp = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}{target.suffix}")
-    try:
-        write(temp)
-        os.replace(temp, target)
-    finally:
-        if temp.exists():
-            temp.unlink()
 
 
 def _parity(reference: dict, outputs: dict) -> dict:
@@ -466,8 +457,8 @@ def export_model(
             shutil.rmtree(partial, ignore_errors=True)
 
     for file, content in tflite_files.items():
-        _write_atomic(root / file, lambda p, c=content: p.write_bytes(c))
-    _write_atomic(root / f"{name}.keras", lambda p: model.save(str(p)))
+        write_atomic(root / file, lambda p, c=content: p.write_bytes(c))
+    write_atomic(root / f"{name}.keras", lambda p: model.save(str(p)))
     text = json.dumps(metadata, indent=2) + "\n"
-    _write_atomic(model_dir / "metadata.json", lambda p: p.write_text(text))
+    write_atomic(model_dir / "metadata.json", lambda p: p.write_text(text))
     return metadata

@@ -17,26 +17,25 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from keras_vit import checkpoint as checkpoint_lib
-from keras_vit import data as data_lib
-from keras_vit import distribute
-from keras_vit.finetune import (
+from keras_vit.models.resolution import with_image_size
+from keras_vit.models.vit import ViT
+from keras_vit.training import checkpoints as checkpoint_lib
+from keras_vit.training import data as data_lib
+from keras_vit.training import distribute
+from keras_vit.training.config import (
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+    config_keys,
+    override,
+    validate,
+)
+from keras_vit.training.finetune import (
     HEAD_LAYERS,
     LayerDecayAdamW,
     freeze_backbone,
     layer_decay_multipliers,
 )
-from keras_vit.train_config import (
-    ModelConfig,
-    OptimConfig,
-    TrainConfig,
-    config_keys,
-    load_recipe,
-    override,
-    validate,
-)
-from keras_vit.vit import ViT
-from keras_vit.weights import with_image_size
 
 __all__ = [
     "ModelConfig",
@@ -45,7 +44,6 @@ __all__ = [
     "build_model",
     "config_keys",
     "learning_rate_schedule",
-    "load_recipe",
     "make_optimizer",
     "override",
     "train",
@@ -84,7 +82,7 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
         **options,
     )
     if m.pretrained and Path(m.pretrained).suffix != ".keras":
-        from keras_vit.convert import convert_checkpoint
+        from keras_vit.pretrained.convert import convert_checkpoint
 
         model = convert_checkpoint(
             m.pretrained, image_size=image_size or m.image_size, num_classes=num_classes
@@ -282,7 +280,7 @@ def _raw_pixels(config: TrainConfig, dataset, limit: int) -> np.ndarray:
 def _export(model, config, labels, preprocessing, image_size) -> dict:
     """Exports with int8 calibration on training images and every parity
     figure measured on the held-out split (at most 2,000 images)."""
-    from keras_vit.export import export_model
+    from keras_vit.deploy.export import export_model
 
     train = data_lib.make_train_dataset(config.data, image_size, 64, config.seed)
     held_out = data_lib.make_eval_dataset(config.data, image_size, 256)

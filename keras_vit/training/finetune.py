@@ -8,7 +8,7 @@ import re
 import keras
 from keras import ops
 
-from keras_vit.vit import distillation_heads
+from keras_vit.models.vit import distillation_heads
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_vit.layers import Patches
-from keras_vit.vit import build_transformer, image_hw, parse_variant
+from keras_vit.models.layers import Patches
+from keras_vit.models.vit import build_transformer, image_hw, parse_variant
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -253,7 +253,7 @@ def HybridViT(
             (4 * 2 ** (stages - 1)); passing another value is an error.
         stem_weights: `None` or `"imagenet"` for a `keras.applications` stem
             (`"imagenet"` downloads); the ResNet-v2 stem starts random or
-            from a converted checkpoint (`keras_vit.weights`).
+            from a converted checkpoint (`keras_vit.models.resolution`).
         num_channels: int, image channels (3 for a pretrained applications
             stem).
         hidden_dim, num_layers, num_heads, mlp_dim: override the variant.
@@ -306,7 +306,7 @@ def HybridViT(
         if stem_weights is not None:
             raise ValueError(
                 f"stem_weights={stem_weights!r} only applies to keras.applications "
-                "stems; load ResNet-v2 hybrid weights with keras_vit.weights."
+                "stems; load ResNet-v2 hybrid weights with keras_vit.models.resolution."
             )
     else:
         stride = 16 if output_stride is None else output_stride

@@ -1,24 +1,58 @@
-"""The training config: dataclasses, validation, command-line overrides and
-recipe files.
+"""The training config: dataclasses (model, data, optimizer, run),
+validation and command-line overrides.
 
-A recipe is a Python file in `recipes/configs/` with `get_config()` returning
-a `TrainConfig`; keys are dotted (`optim.learning_rate`, `data.source`,
-`model.variant`) and every one can be overridden from the command line.
+Keys are dotted (`optim.learning_rate`, `data.source`, `model.variant`) and
+every one can be overridden from the command line. Recipes, the named
+configs, live in `keras_vit.training.recipes`.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from keras_vit.data import DataConfig, validate_data_config
+from keras_vit.models.preprocessing import RESIZE_METHODS
 
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes" / "configs"
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 STRATEGY_NAMES = ("default", "mirrored", "multiworker", "tpu")
+
+
+SOURCES = ("digits", "synthetic", "folder", "tfrecord", "tfds", "arrays")
+
+
+@dataclass
+class DataConfig:
+    """Where the images come from, how they are normalised and augmented.
+
+    `source`: one of `SOURCES`. `path`: image-folder root (holding one folder
+    per split, each holding one folder per class), TFRecord folder, TFDS
+    dataset name, or `.npz` with `x_train, y_train, x_eval, y_eval` for
+    `"arrays"`. Splits are sub-folders / file prefixes / TFDS split names.
+    """
+
+    source: str = "digits"
+    path: str = ""
+    train_split: str = "train"
+    eval_split: str = "val"
+    tfds_data_dir: str = ""
+    num_classes: int = 0  # 0: from the source
+    num_channels: int = 3
+    mean: tuple[float, ...] = (0.5,)
+    std: tuple[float, ...] = (0.5,)
+    pixel_scale: float = 255.0
+    resize_method: str = "bilinear"
+    eval_crop: float = 1.0  # center crop fraction at eval (0.875: 256 -> 224)
+    shuffle_buffer: int = 10_000  # record streams only
+    on_error: str = "raise"  # or "skip": drop undecodable images and count them
+    synthetic_size: int = 512
+    crop_scale_min: float = 1.0  # < 1: random resized crop with this min area
+    flip: bool = False
+    randaugment_ops: int = 0
+    randaugment_magnitude: float = 0.5
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    arrays: dict | None = field(default=None, repr=False)  # in-process only
 
 
 @dataclass
@@ -27,10 +61,10 @@ class ModelConfig:
 
     `resize_at`: progressive resizing, `((step, image_size), ...)`: from that
     optimizer step on the model is rebuilt at the new size with
-    `keras_vit.weights.with_image_size` (position embedding resampled).
+    `keras_vit.models.resolution.with_image_size` (position embedding resampled).
     `pretrained`: a `.keras` file whose weights initialise the model by layer
     name (resized to `image_size`; a head of another shape is left fresh), or
-    a timm / Hugging Face / AugReg checkpoint (`keras_vit.convert`), whose own
+    a timm / Hugging Face / AugReg checkpoint (`keras_vit.pretrained.convert`), whose own
     architecture is then used with a new zero head. `freeze_backbone`: a
     linear probe, only the head trains.
     """
@@ -299,7 +333,7 @@ def smoke_version(config: TrainConfig) -> TrainConfig:
     evaluation capped at two batches, a resize (if any) after step 1, no
     export, at most 8 images a batch, images of at most ~32x32 and at most
     two transformer blocks (width and heads are kept)."""
-    from keras_vit.vit import VARIANTS
+    from keras_vit.models.vit import VARIANTS
 
     patch = config.model.patch_size or int(config.model.variant.partition("/")[2] or 16)
 
@@ -339,35 +373,53 @@ def smoke_version(config: TrainConfig) -> TrainConfig:
     )
 
 
-def recipe_names() -> list[str]:
-    return sorted(
-        p.stem for p in RECIPES_DIR.glob("*.py") if not p.stem.startswith("_")
-    )
+_CHOICES = {
+    "source": SOURCES,
+    "on_error": ("raise", "skip"),
+    "resize_method": RESIZE_METHODS,
+}
 
 
-def base_recipe(name_or_path: str) -> TrainConfig:
-    """`get_config()` of a recipe, as it is: for recipes built on others."""
-    path = Path(name_or_path)
-    if path.suffix != ".py":
-        path = RECIPES_DIR / f"{name_or_path}.py"
-    if not path.is_file():
+def validate_data_config(config: DataConfig) -> None:
+    """ValueErrors that name the key, the bad value and what is valid."""
+    for key, choices in _CHOICES.items():
+        if getattr(config, key) not in choices:
+            raise ValueError(
+                f"data.{key} must be one of {list(choices)}, "
+                f"got {getattr(config, key)!r}."
+            )
+    ranges = {
+        "num_classes": (0, None),
+        "num_channels": (1, 4),
+        "pixel_scale": (1e-6, None),
+        "eval_crop": (1e-6, 1.0),
+        "shuffle_buffer": (1, None),
+        "synthetic_size": (1, None),
+        "crop_scale_min": (1e-6, 1.0),
+        "randaugment_ops": (0, 11),
+        "randaugment_magnitude": (0.0, 1.0),
+        "mixup_alpha": (0.0, None),
+        "cutmix_alpha": (0.0, None),
+    }
+    for key, (low, high) in ranges.items():
+        value = getattr(config, key)
+        if isinstance(value, bool) or not low <= value <= (
+            high if high is not None else value
+        ):
+            valid = f"[{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"data.{key} must be in {valid}, got {value!r}.")
+    if len(config.mean) not in (1, config.num_channels) or len(config.std) != len(
+        config.mean
+    ):
         raise ValueError(
-            f"No recipe {name_or_path!r}; valid recipes are {recipe_names()} "
-            "(or a path to a .py config file)."
+            f"data.mean and data.std need 1 or num_channels={config.num_channels} "
+            f"values each, got {config.mean!r} and {config.std!r}."
         )
-    spec = importlib.util.spec_from_file_location(f"keras_vit_recipe_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
-    if not isinstance(config, TrainConfig):
-        raise ValueError(f"{path}: get_config() must return a TrainConfig.")
-    return config
+    if any(s <= 0 for s in config.std):
+        raise ValueError(f"data.std must be positive, got {config.std!r}.")
+    if config.source in ("folder", "tfrecord", "tfds") and not config.path:
+        raise ValueError(f"source={config.source!r} needs data.path.")
 
 
-def load_recipe(name_or_path: str, overrides: dict | None = None) -> TrainConfig:
-    """`get_config()` of `recipes/configs/<name>.py` (or of a file path),
-    with `overrides` applied and validated; `smoke=true` shrinks it."""
-    config = override(base_recipe(name_or_path), **(overrides or {}))
-    if config.smoke:
-        config = smoke_version(config)
-    return validate(config)
+def data_keys() -> list[str]:
+    return [f.name for f in dataclasses.fields(DataConfig) if f.name != "arrays"]

@@ -287,7 +287,7 @@ def save_confusion_matrix(
 ) -> None:
     """Writes the confusion matrix as a PNG heat map (row-normalised colours,
     counts written in the cells when there are at most 20 classes)."""
-    from keras_vit.visualize import _figure, _save
+    from keras_vit.analysis.visualize import _figure, _save
 
     matrix = np.asarray(matrix)
     num_classes = len(matrix)

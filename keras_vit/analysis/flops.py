@@ -18,15 +18,15 @@ import math
 
 import keras
 
-from keras_vit.hybrid import StdConv2D
-from keras_vit.layers import (
+from keras_vit.models.hybrid import StdConv2D
+from keras_vit.models.layers import (
     MLP,
     LayerScale,
     MultiHeadSelfAttention,
     PatchEncoder,
     TransformerBlock,
 )
-from keras_vit.vit import image_hw, parse_variant
+from keras_vit.models.vit import image_hw, parse_variant
 
 
 def _attention_macs(tokens: int, hidden_dim: int) -> int:

@@ -8,8 +8,8 @@ import math
 import keras
 import numpy as np
 
-from keras_vit.layers import PatchEncoder
-from keras_vit.vit import image_hw
+from keras_vit.models.layers import PatchEncoder
+from keras_vit.models.vit import image_hw
 
 
 def resample_position_embedding(
@@ -147,36 +147,4 @@ def with_image_size(
     return resized
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read safely or does not fit the model."""
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """A PyTorch pickle (`.bin`, `.pt`, a torch zip): refused, not read."""
-
-
-# Checkpoint conversion (timm / Hugging Face / AugReg) lives in
-# keras_vit.convert, which imports this module; its public names are served
-# from here lazily so that either module can be imported first.
-_CONVERT_NAMES = (
-    "convert_checkpoint",
-    "detect_architecture",
-    "download_checkpoint",
-    "read_checkpoint",
-)
-
-__all__ = [
-    "CheckpointError",
-    "UnsafeCheckpointError",
-    "resample_position_embedding",
-    "with_image_size",
-    *_CONVERT_NAMES,
-]
-
-
-def __getattr__(name: str):
-    if name in _CONVERT_NAMES:
-        from keras_vit import convert
-
-        return getattr(convert, name)
-    raise AttributeError(f"module 'keras_vit.weights' has no attribute {name!r}")
+__all__ = ["resample_position_embedding", "with_image_size"]

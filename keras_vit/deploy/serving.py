@@ -1,5 +1,4 @@
-"""What runs against an exported model: the preprocessing contract between
-a model and its clients, image loading, `predict` over a SavedModel, a
+"""What runs against an exported model: image loading, `predict` over a SavedModel, a
 `.tflite` file or a `.keras` file, and the TF Serving request format used for
 warm-up records.
 
@@ -18,101 +17,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.vit import image_hw
+from keras_vit.models.preprocessing import (
+    normalize_pixels,
+    resize_pixels,
+)
 
 SERVING_INPUT = "pixels"
 BYTES_SIGNATURE = "classify_images"
 BYTES_INPUT = "images"
-PREPROCESSING_KEYS = (
-    "image_size",
-    "num_channels",
-    "mean",
-    "std",
-    "pixel_scale",
-    "resize_method",
-)
-RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "mitchellcubic")
-
-
-def normalize_preprocessing(model: keras.Model, preprocessing: dict | None) -> dict:
-    """Checks `preprocessing` against the model and fills in the defaults.
-
-    Keys: `image_size` (h, w), `num_channels` (alias `channels`), `mean` and
-    `std` (one value per channel, or one for all), `pixel_scale` (255: clients
-    send 0..255) and `resize_method` (for the bytes signature). Defaults: the
-    model's input size and channels, mean 0, std 1, pixel_scale 255, bilinear.
-    """
-    height, width, channels = (int(d) for d in model.inputs[0].shape[1:])
-    given = dict(preprocessing or {})
-    if "channels" in given:
-        given.setdefault("num_channels", given.pop("channels"))
-    unknown = set(given) - set(PREPROCESSING_KEYS)
-    if unknown:
-        raise ValueError(
-            f"Unknown preprocessing keys {sorted(unknown)}; valid keys are "
-            f"{list(PREPROCESSING_KEYS)} (or 'channels')."
-        )
-    size = list(image_hw(given.get("image_size", (height, width))))
-    if size != [height, width]:
-        raise ValueError(
-            f"preprocessing image_size {size} does not match the model's input "
-            f"size {[height, width]}."
-        )
-    if int(given.get("num_channels", channels)) != channels:
-        raise ValueError(
-            f"preprocessing num_channels {given['num_channels']!r} does not match "
-            f"the model's {channels} input channels."
-        )
-    result = {"image_size": size, "num_channels": channels}
-    for key, default in (("mean", 0.0), ("std", 1.0)):
-        values = np.atleast_1d(np.asarray(given.get(key, default), dtype="float64"))
-        if values.ndim != 1 or len(values) not in (1, channels):
-            raise ValueError(
-                f"preprocessing {key} must be one number or {channels} (one per "
-                f"channel), got {given.get(key)!r}."
-            )
-        values = np.broadcast_to(values, (channels,))
-        if not np.all(np.isfinite(values)) or (key == "std" and np.any(values <= 0)):
-            raise ValueError(
-                f"preprocessing {key} must be finite (std > 0), got {given[key]!r}."
-            )
-        result[key] = [float(v) for v in values]
-    scale = float(given.get("pixel_scale", 255.0))
-    if not np.isfinite(scale) or scale <= 0:
-        raise ValueError(f"preprocessing pixel_scale must be > 0, got {scale!r}.")
-    result["pixel_scale"] = scale
-    method = given.get("resize_method", "bilinear")
-    if method not in RESIZE_METHODS:
-        raise ValueError(
-            f"preprocessing resize_method {method!r} is not one of {RESIZE_METHODS}."
-        )
-    result["resize_method"] = method
-    return result
-
-
-def normalize_pixels(pixels, preprocessing: dict):
-    """Raw pixels -> model input, `(pixels / pixel_scale - mean) / std`.
-    Works on numpy arrays and tensors; the serving graph uses it too."""
-    mean = np.asarray(preprocessing["mean"], dtype="float32")
-    std = np.asarray(preprocessing["std"], dtype="float32")
-    return (pixels / np.float32(preprocessing["pixel_scale"]) - mean) / std
-
-
-def resize_pixels(pixels, preprocessing: dict):
-    """Resizes a `(batch, h, w, c)` pixel batch to the model size as the training
-    pipeline does (`tf.image.resize` with `resize_method`, no antialiasing);
-    an image already at the model size is passed through untouched."""
-    pixels = tf.convert_to_tensor(pixels, tf.float32)
-    size = preprocessing["image_size"]
-    same_size = tf.reduce_all(tf.equal(tf.shape(pixels)[1:3], size))
-    return tf.cond(
-        same_size,
-        lambda: pixels,
-        lambda: tf.cast(
-            tf.image.resize(pixels, size, method=preprocessing["resize_method"]),
-            tf.float32,
-        ),
-    )
 
 
 def ends_in_softmax(model: keras.Model) -> bool:
@@ -366,11 +278,11 @@ def predict(
         signature = tf.saved_model.load(str(path)).signatures["serving_default"]
         probabilities = signature(pixels=tf.constant(pixels))["probabilities"]
     elif path.suffix == ".tflite":
-        from keras_vit.tflite import Runner
+        from keras_vit.deploy.tflite import Runner
 
         probabilities = Runner(path)(pixels)["probabilities"]
     else:
-        import keras_vit  # noqa: F401  registers the layers for loading
+        import keras_vit.models  # noqa: F401  registers the layers for loading
 
         model = keras.saving.load_model(str(path))
         scores = model.predict(

@@ -1,0 +1,2 @@
+"""Analysis: FLOP and parameter counts, evaluation metrics, attention maps
+and rollout."""

@@ -1,0 +1,125 @@
+"""Hugging Face transformers' ViT / DeiT checkpoint layout."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from keras_vit.errors import CheckpointError
+from keras_vit.models.vit import ViT, image_hw
+from keras_vit.pretrained.layouts import (
+    Plan,
+    count_indexed,
+    infer_grid,
+    infer_heads,
+    linear_kernel,
+    model_name,
+    patch_kernel,
+    position_rule,
+)
+
+
+def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
+    if config.get("hidden_act", "gelu") != "gelu":
+        raise CheckpointError(
+            f"hidden_act={config['hidden_act']!r} is not supported; keras_vit's MLP "
+            "uses exact GELU ('gelu')."
+        )
+    suffix = "embeddings.patch_embeddings.projection.weight"
+    # "vit." (ViTForImageClassification), "deit." (DeiT), "" (ViTModel).
+    root = next(k for k in sorted(tensors) if k.endswith(suffix))[: -len(suffix)]
+    proj = tensors[root + "embeddings.patch_embeddings.projection.weight"]
+    hidden, channels, p, q = proj.shape
+    if p != q:
+        raise CheckpointError(f"Non-square patches {p}x{q} are not supported.")
+    enc = root + "encoder.layer."
+    num_layers = count_indexed(tensors, re.escape(enc) + r"(\d+)\.")
+    class_token = root + "embeddings.cls_token" in tensors
+    distilled = root + "embeddings.distillation_token" in tensors
+    prefix = int(class_token) + int(distilled)
+    # DeiTForImageClassificationWithTeacher: class and distillation heads.
+    head = "cls_classifier" if "cls_classifier.weight" in tensors else "classifier"
+    size = config.get("image_size")
+    size = image_hw(tuple(size) if isinstance(size, list) else size) if size else None
+    tokens = tensors[root + "embeddings.position_embeddings"].shape[1]
+    grid, covered = infer_grid(tokens, prefix, size, p, hints.get("image_size"))
+    num_classes = (
+        tensors[f"{head}.weight"].shape[0] if f"{head}.weight" in tensors else 0
+    )
+    pooler = root + "pooler.dense.weight" in tensors
+    kwargs = dict(
+        variant="Ti",
+        name=model_name(config.get("model_type"), "hf") + "_converted",
+        patch_size=int(p),
+        num_classes=max(num_classes, 1),
+        include_top=num_classes > 0,
+        num_channels=int(channels),
+        hidden_dim=int(hidden),
+        num_layers=num_layers,
+        num_heads=infer_heads(
+            int(hidden), config.get("num_attention_heads"), hints.get("num_heads")
+        ),
+        mlp_dim=int(tensors[enc + "0.intermediate.dense.weight"].shape[0]),
+        pooling="token" if class_token else "gap",
+        class_token=class_token,
+        distilled=distilled,
+        representation_size=int(hidden) if pooler else None,
+        qkv_bias=enc + "0.attention.attention.query.bias" in tensors,
+        layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)),
+    )
+    plan = Plan(ViT, kwargs, grid, int(p), num_classes)
+    plan.add(
+        "patch_encoder/projection/kernel",
+        root + "embeddings.patch_embeddings.projection.weight",
+        patch_kernel,
+    )
+    plan.add(
+        "patch_encoder/projection/bias",
+        root + "embeddings.patch_embeddings.projection.bias",
+    )
+    if class_token:
+        plan.add("patch_encoder/cls_token", root + "embeddings.cls_token")
+    if distilled:
+        plan.add("patch_encoder/dist_token", root + "embeddings.distillation_token")
+    plan.add(
+        "patch_encoder/pos_embedding",
+        root + "embeddings.position_embeddings",
+        position_rule(covered, prefix),
+    )
+    for i in range(num_layers):
+        src, dst = f"{enc}{i}.", f"block_{i}/"
+        qkv = [f"{src}attention.attention.{n}" for n in ("query", "key", "value")]
+        plan.add(
+            f"{dst}attention/qkv/kernel",
+            [n + ".weight" for n in qkv],
+            lambda *w: np.concatenate([x.T for x in w], axis=1),
+        )
+        if kwargs["qkv_bias"]:
+            plan.add(
+                f"{dst}attention/qkv/bias",
+                [n + ".bias" for n in qkv],
+                lambda *b: np.concatenate(b),
+            )
+        for a, b in (
+            ("attention.output.dense", "attention/proj"),
+            ("intermediate.dense", "mlp/fc1"),
+            ("output.dense", "mlp/fc2"),
+        ):
+            plan.add(f"{dst}{b}/kernel", f"{src}{a}.weight", linear_kernel)
+            plan.add(f"{dst}{b}/bias", f"{src}{a}.bias")
+        for a, b in (("layernorm_before", "norm1"), ("layernorm_after", "norm2")):
+            plan.add(f"{dst}{b}/gamma", f"{src}{a}.weight")
+            plan.add(f"{dst}{b}/beta", f"{src}{a}.bias")
+    plan.add("encoder_norm/gamma", root + "layernorm.weight")
+    plan.add("encoder_norm/beta", root + "layernorm.bias")
+    if pooler:
+        plan.add("pre_logits/kernel", root + "pooler.dense.weight", linear_kernel)
+        plan.add("pre_logits/bias", root + "pooler.dense.bias")
+    if num_classes:
+        plan.add("head/kernel", f"{head}.weight", linear_kernel)
+        plan.add("head/bias", f"{head}.bias")
+    if num_classes and distilled and "distillation_classifier.weight" in tensors:
+        plan.add("head_dist/kernel", "distillation_classifier.weight", linear_kernel)
+        plan.add("head_dist/bias", "distillation_classifier.bias")
+    return plan

@@ -1,0 +1,129 @@
+"""How each ecosystem lays out a ViT checkpoint: the tensors are read for
+the architecture (timm, Hugging Face transformers, AugReg / big_vision), and
+each keras_vit variable gets its source tensors and a transform."""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from keras_vit.errors import CheckpointError
+from keras_vit.models.vit import VARIANTS
+
+
+@dataclass
+class Plan:
+    """What a checkpoint holds: the builder's arguments and, for each model
+    variable path, the source tensors and how to turn them into its value."""
+
+    builder: Callable
+    kwargs: dict
+    grid: tuple[int, int]
+    stride: int
+    num_classes: int
+    assign: dict[str, tuple[tuple[str, ...], Callable]] = field(default_factory=dict)
+
+    def add(self, target: str, sources, fn: Callable | None = None) -> None:
+        sources = (sources,) if isinstance(sources, str) else tuple(sources)
+        self.assign[target] = (sources, fn or (lambda x: x))
+
+
+def linear_kernel(w):  # torch Linear (out, in) -> keras Dense (in, out)
+    return w.T
+
+
+def conv_kernel(w):  # torch conv (out, in, kh, kw) -> keras (kh, kw, in, out)
+    return w.transpose(2, 3, 1, 0)
+
+
+def patch_kernel(w):  # torch (out, in, p, p) -> Patches + Dense (p * p * in, out)
+    return w.transpose(2, 3, 1, 0).reshape(-1, w.shape[0])
+
+
+def count_indexed(tensors, pattern: str) -> int:
+    regex = re.compile(pattern)
+    found = {int(m.group(1)) for k in tensors if (m := regex.match(k))}
+    if found and found != set(range(max(found) + 1)):
+        raise CheckpointError(f"Block indices {sorted(found)} have gaps.")
+    return len(found)
+
+
+def infer_heads(hidden_dim: int, config_heads, hint=None) -> int:
+    if config_heads:
+        return int(config_heads)
+    if hint:
+        return int(hint)
+    for arch in VARIANTS.values():
+        if arch["hidden_dim"] == hidden_dim:
+            return arch["num_heads"]
+    # timm, DeiT and the paper use 64-wide heads for every size; the
+    # tensors cannot tell, so say that this is a guess.
+    guess = max(hidden_dim // 64, 1)
+    warnings.warn(
+        f"Neither the config nor the VARIANTS table gives the number of heads "
+        f"for hidden_dim={hidden_dim}; assuming {guess} (64-wide heads). Pass "
+        "num_heads= if the checkpoint used another number.",
+        stacklevel=6,
+    )
+    return guess
+
+
+def infer_grid(
+    tokens: int,
+    prefix: int,
+    image_hw_: tuple[int, int] | None,
+    stride: int,
+    hint: tuple[int, int] | None = None,
+):
+    """The checkpoint's patch grid and whether its position table covers the
+    prefix tokens (timm's `no_embed_class=False`).
+
+    The checkpoint's own image size must fit; without one, the requested
+    size is tried (a checkpoint used at its training size), then a square.
+    """
+    for size, must_fit in ((image_hw_, True), (hint, False)):
+        if size is None:
+            continue
+        grid = (size[0] // stride, size[1] // stride)
+        for covered in (True, False):
+            if grid[0] * grid[1] == tokens - (prefix if covered else 0):
+                return grid, covered
+        if must_fit:
+            raise CheckpointError(
+                f"A position embedding of {tokens} tokens with {prefix} prefix "
+                f"token(s) does not fit the checkpoint's {size[0]}x{size[1]} "
+                f"images at stride {stride}."
+            )
+    for covered in (True, False):
+        patches = tokens - (prefix if covered else 0)
+        side = math.isqrt(max(patches, 0))
+        if patches > 0 and side * side == patches:
+            return (side, side), covered
+    raise CheckpointError(
+        f"A position embedding of {tokens} tokens with {prefix} prefix token(s) "
+        "is not a square grid and nothing gives the checkpoint's image size; "
+        "pass image_size= of the checkpoint."
+    )
+
+
+def position_rule(covered: bool, prefix: int):
+    def fn(pos):
+        pos = pos.reshape(1, -1, pos.shape[-1])
+        if not covered:
+            # Prefix tokens without a position embedding (timm's
+            # no_embed_class): zero rows are the same thing in a model whose
+            # table covers the prefix tokens.
+            pos = np.concatenate([np.zeros_like(pos[:, :prefix]), pos], axis=1)
+        return pos
+
+    return fn
+
+
+def model_name(label, default: str) -> str:
+    label = re.sub(r"[^0-9A-Za-z_]+", "_", str(label or "")).strip("_")
+    return label or default

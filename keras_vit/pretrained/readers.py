@@ -1,0 +1,152 @@
+"""Reading checkpoint files without running code from them.
+
+Tensors are read with numpy only (`safetensors.numpy`, `np.load` with
+`allow_pickle=False`); PyTorch's `.bin` / `.pt` files are refused, because
+unpickling one runs whatever code it carries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from keras_vit.errors import CheckpointError, UnsafeCheckpointError
+
+TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+CHECKPOINT_NAMES = ("model.safetensors", "model.npz")
+
+
+def refuse_torch(path: Path) -> None:
+    raise UnsafeCheckpointError(
+        f"{path} is a PyTorch pickle checkpoint. keras_vit does not open these: "
+        "unpickling runs arbitrary code from the file. Convert it to "
+        "safetensors where torch is installed, e.g. `from safetensors.torch "
+        "import save_file; save_file(state_dict, 'model.safetensors')`, or "
+        "download the repository's model.safetensors instead."
+    )
+
+
+def _is_torch_file(path: Path, head: bytes) -> bool:
+    if path.suffix.lower() in TORCH_SUFFIXES or head[:1] == b"\x80":
+        return True
+    if head[:2] == b"PK":
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except zipfile.BadZipFile:
+            return False
+        return any(n.endswith("data.pkl") or n.endswith(".pkl") for n in names)
+    return False
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        header_raw = f.read(header_len) if 0 < header_len <= size - 8 else b""
+    try:
+        header = json.loads(header_raw)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file (bad or truncated header)."
+        )
+    header.pop("__metadata__", None)
+    data_len = max((t["data_offsets"][1] for t in header.values()), default=0)
+    if 8 + header_len + data_len > size:
+        raise CheckpointError(
+            f"{path} is truncated: its header describes {8 + header_len + data_len} "
+            f"bytes, the file has {size}."
+        )
+    tensors = {}
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            for name, meta in header.items():
+                if meta["dtype"] == "BF16":
+                    # numpy has no bfloat16: read the raw 16-bit words.
+                    start, end = meta["data_offsets"]
+                    with open(path, "rb") as raw:
+                        raw.seek(8 + header_len + start)
+                        words = np.frombuffer(raw.read(end - start), dtype="<u2")
+                    tensors[name] = _bf16_to_f32(words).reshape(meta["shape"])
+                else:
+                    tensors[name] = f.get_tensor(name)
+    except CheckpointError:
+        raise
+    except Exception as error:  # safetensors raises its own error types
+        raise CheckpointError(
+            f"{path} is not a valid safetensors file: {error}"
+        ) from None
+    return tensors
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (zipfile.BadZipFile, EOFError, OSError) as error:
+        raise CheckpointError(
+            f"{path} is not a readable .npz file (truncated or corrupt): {error}"
+        ) from None
+    except ValueError as error:
+        raise CheckpointError(
+            f"{path} holds object arrays, which need pickle; refused: {error}"
+        ) from None
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
+    """Reads a checkpoint file (or a folder holding one) with numpy.
+
+    Returns `(tensors, config)`: float32 arrays by name, and the parsed
+    `config.json` found beside the file (`{}` when there is none).
+    """
+    path = Path(path)
+    if path.is_dir():
+        found = [path / n for n in CHECKPOINT_NAMES if (path / n).is_file()]
+        if not found:
+            torch_files = [p for p in path.iterdir() if p.suffix in TORCH_SUFFIXES]
+            if torch_files:
+                refuse_torch(torch_files[0])
+            raise CheckpointError(
+                f"{path} holds no {' or '.join(CHECKPOINT_NAMES)}; files: "
+                f"{sorted(p.name for p in path.iterdir())}."
+            )
+        path = found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint at {str(path)!r}.")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if _is_torch_file(path, head):
+        refuse_torch(path)
+    if path.suffix == ".npz" or head[:2] == b"PK":
+        tensors = _read_npz(path)
+    elif path.suffix == ".safetensors" or len(head) == 8:
+        tensors = _read_safetensors(path)
+    else:
+        raise CheckpointError(f"{path} is empty or too short to be a checkpoint.")
+    for name, value in tensors.items():
+        if not np.issubdtype(value.dtype, np.floating):
+            raise CheckpointError(
+                f"Tensor {name!r} in {path} has dtype {value.dtype}; expected floats."
+            )
+        tensors[name] = value.astype("float32")
+    config_path = path.parent / "config.json"
+    config = {}
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text())
+        except ValueError as error:
+            raise CheckpointError(f"{config_path} is not valid JSON: {error}") from None
+    return tensors, config

@@ -1,0 +1,169 @@
+"""timm's ViT checkpoint layout (`vit_*`, DeiT, hybrid `vit_*_r*`)."""
+
+from __future__ import annotations
+
+from keras_vit.errors import CheckpointError
+from keras_vit.models.hybrid import HybridViT
+from keras_vit.models.vit import ViT, image_hw
+from keras_vit.pretrained.layouts import (
+    Plan,
+    conv_kernel,
+    count_indexed,
+    infer_grid,
+    infer_heads,
+    linear_kernel,
+    model_name,
+    patch_kernel,
+    position_rule,
+)
+
+
+def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
+    args = dict(config.get("model_args") or {})
+    if args.get("act_layer") not in (None, "gelu"):
+        raise CheckpointError(
+            f"timm act_layer={args['act_layer']!r} is not supported; keras_vit's "
+            "MLP uses exact GELU."
+        )
+    hybrid = "patch_embed.backbone.stem.conv.weight" in tensors
+    proj = tensors.get("patch_embed.proj.weight")
+    if proj is None:
+        raise CheckpointError("timm checkpoint without patch_embed.proj.weight.")
+    hidden, channels, p, q = proj.shape
+    if p != q:
+        raise CheckpointError(f"Non-square patches {p}x{q} are not supported.")
+    if hybrid and p != 1:
+        raise CheckpointError(
+            f"This timm hybrid projects {p}x{p} patches of its CNN features; "
+            "keras_vit's HybridViT uses 1x1 patches (the R26/R50 hybrids)."
+        )
+    num_layers = count_indexed(tensors, r"blocks\.(\d+)\.norm1\.weight$")
+    if not num_layers:
+        raise CheckpointError("timm checkpoint without blocks.N.* tensors.")
+    class_token = "cls_token" in tensors
+    distilled = "dist_token" in tensors
+    prefix = int(class_token) + int(distilled)
+    fc_norm = "fc_norm.weight" in tensors
+    pool = config.get("global_pool", args.get("global_pool"))
+    if pool is None:
+        pool = "avg" if (fc_norm or not class_token) else "token"
+    if pool not in ("token", "avg", ""):
+        raise CheckpointError(
+            f"timm global_pool={pool!r} is not supported; valid: 'token', 'avg'."
+        )
+    num_classes = tensors["head.weight"].shape[0] if "head.weight" in tensors else 0
+
+    stride, builder, kwargs = p, ViT, {}
+    if hybrid:
+        stem = tensors["patch_embed.backbone.stem.conv.weight"]
+        stages = count_indexed(tensors, r"patch_embed\.backbone\.stages\.(\d+)\.")
+        if not stages:
+            raise CheckpointError(
+                "Stem-only timm hybrids (no ResNet stages) are not supported."
+            )
+        blocks = tuple(
+            count_indexed(
+                tensors, rf"patch_embed\.backbone\.stages\.{s}\.blocks\.(\d+)\."
+            )
+            for s in range(stages)
+        )
+        stride = 4 * 2 ** (stages - 1)
+        channels = stem.shape[1]
+        builder = HybridViT
+        kwargs = dict(stem=blocks, stem_width=int(stem.shape[0]))
+    else:
+        kwargs = dict(patch_size=int(p))
+
+    size = args.get("img_size")
+    if size is None:
+        input_size = (config.get("pretrained_cfg") or {}).get("input_size")
+        size = input_size[1:] if input_size else None
+    size = image_hw(tuple(size) if isinstance(size, list) else size) if size else None
+    tokens = tensors["pos_embed"].shape[1] if "pos_embed" in tensors else None
+    if tokens is None:
+        raise CheckpointError("timm checkpoint without pos_embed is not supported.")
+    grid, covered = infer_grid(tokens, prefix, size, stride, hints.get("image_size"))
+    if not covered and args.get("no_embed_class") is False:
+        raise CheckpointError("pos_embed size contradicts no_embed_class=False.")
+
+    kwargs.update(
+        variant="Ti",
+        name=model_name(config.get("architecture"), "timm_vit"),
+        num_classes=max(num_classes, 1),
+        include_top=num_classes > 0 and pool != "",
+        num_channels=int(channels),
+        hidden_dim=int(hidden),
+        num_layers=num_layers,
+        num_heads=infer_heads(
+            int(hidden), args.get("num_heads"), hints.get("num_heads")
+        ),
+        mlp_dim=int(tensors["blocks.0.mlp.fc1.weight"].shape[0]),
+        pooling=("token" if pool == "token" else "gap") if pool else None,
+        class_token=class_token,
+        distilled=distilled,
+        pool_norm=fc_norm,
+        qkv_bias="blocks.0.attn.qkv.bias" in tensors,
+        layer_scale_init=1e-5 if "blocks.0.ls1.gamma" in tensors else None,
+        layer_norm_epsilon=1e-6,
+    )
+    if pool == "":
+        # Unpooled tokens (timm's global_pool=""): the encoder's output.
+        kwargs.update(pooling=None, include_top=False, pool_norm=False)
+    plan = Plan(builder, kwargs, grid, stride, num_classes)
+
+    plan.add("patch_encoder/projection/kernel", "patch_embed.proj.weight", patch_kernel)
+    plan.add("patch_encoder/projection/bias", "patch_embed.proj.bias")
+    if class_token:
+        plan.add("patch_encoder/cls_token", "cls_token")
+    if distilled:
+        plan.add("patch_encoder/dist_token", "dist_token")
+    plan.add("patch_encoder/pos_embedding", "pos_embed", position_rule(covered, prefix))
+    for i in range(num_layers):
+        src, dst = f"blocks.{i}.", f"block_{i}/"
+        for a, b in (("norm1", "norm1"), ("norm2", "norm2")):
+            plan.add(f"{dst}{b}/gamma", f"{src}{a}.weight")
+            plan.add(f"{dst}{b}/beta", f"{src}{a}.bias")
+        for a, b in (
+            ("attn.qkv", "attention/qkv"),
+            ("attn.proj", "attention/proj"),
+            ("mlp.fc1", "mlp/fc1"),
+            ("mlp.fc2", "mlp/fc2"),
+        ):
+            plan.add(f"{dst}{b}/kernel", f"{src}{a}.weight", linear_kernel)
+            if f"{src}{a}.bias" in tensors or a != "attn.qkv":
+                plan.add(f"{dst}{b}/bias", f"{src}{a}.bias")
+        if kwargs["layer_scale_init"] is not None:
+            plan.add(f"{dst}layer_scale1/gamma", f"{src}ls1.gamma")
+            plan.add(f"{dst}layer_scale2/gamma", f"{src}ls2.gamma")
+    norm = "fc_norm" if fc_norm else "norm"
+    plan.add("encoder_norm/gamma", f"{norm}.weight")
+    plan.add("encoder_norm/beta", f"{norm}.bias")
+    for head in ("head", "head_dist"):
+        if f"{head}.weight" in tensors:
+            plan.add(f"{head}/kernel", f"{head}.weight", linear_kernel)
+            plan.add(f"{head}/bias", f"{head}.bias")
+
+    if hybrid:
+        root = "patch_embed.backbone."
+        plan.add("stem_conv/kernel", root + "stem.conv.weight", conv_kernel)
+        plan.add("stem_norm/gamma", root + "stem.norm.weight")
+        plan.add("stem_norm/beta", root + "stem.norm.bias")
+        for s, depth in enumerate(kwargs["stem"]):
+            for b in range(depth):
+                src, dst = f"{root}stages.{s}.blocks.{b}.", f"stage{s}_block{b}_"
+                parts = [(f"conv{r}", f"norm{r}") for r in (1, 2, 3)]
+                if b == 0 and f"{src}downsample.conv.weight" in tensors:
+                    parts.append(("downsample.conv", "downsample.norm"))
+                for conv, norm_ in parts:
+                    plan.add(
+                        dst + conv.replace(".", "_") + "/kernel",
+                        f"{src}{conv}.weight",
+                        conv_kernel,
+                    )
+                    plan.add(
+                        dst + norm_.replace(".", "_") + "/gamma", f"{src}{norm_}.weight"
+                    )
+                    plan.add(
+                        dst + norm_.replace(".", "_") + "/beta", f"{src}{norm_}.bias"
+                    )
+    return plan
