@@ -12,20 +12,7 @@ Layout written by `export_model(model, "digits")` under `root`:
     <root>/digits.tflite           float32; also digits_float16.tflite,
                                    digits_dynamic_int8.tflite, digits_int8.tflite
 
-Signatures of the SavedModel:
-
-- `serving_default`: `pixels` float32 `(batch, H, W, C)` raw pixel values in
-  `[0, pixel_scale]` at exactly the exported size -> `logits` and
-  `probabilities` float32 `(batch, num_classes)`. The graph normalises
-  (`(pixels / pixel_scale - mean) / std`) and checks the shape and that every
-  pixel is finite; a wrong size or channel count, or a NaN / Inf pixel, is an
-  `InvalidArgumentError` that names the expected shape. TF Serving only checks
-  dtypes, so these checks live in the graph.
-- `classify_images`: `images` string `(batch,)` of encoded JPEG or PNG files of
-  any size -> top-k `class_ids` int32, `labels` string and `probabilities`
-  float32, each `(batch, k)`. Images are decoded to C channels and resized to
-  H x W inside the graph (`resize_method`, as in training). Bytes that are not
-  a JPEG or PNG are an `InvalidArgumentError` saying so.
+The signatures are built in `keras_vit.deploy.signatures`.
 
 A version is written to a hidden temporary folder beside its final name and
 renamed into place, so TF Serving (which only loads folders named by an
@@ -50,10 +37,9 @@ from keras_vit.deploy.serving import (
     BYTES_INPUT,
     BYTES_SIGNATURE,
     SERVING_INPUT,
-    ends_in_softmax,
     predict,
-    prediction_log_bytes,
 )
+from keras_vit.deploy.signatures import Graphs, write_saved_model, write_warmup_requests
 from keras_vit.files import write_atomic
 from keras_vit.models.preprocessing import (
     normalize_pixels,
@@ -64,146 +50,7 @@ from keras_vit.version import __version__
 
 __all__ = ["export_model", "predict", "write_saved_model", "write_warmup_requests"]
 
-WARMUP_FILE = "tf_serving_warmup_requests"
 VERIFY_BATCH = 64
-JPEG_MAGIC = b"\xff\xd8\xff"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-class _Graphs:
-    """The serving functions, built around one model and its constants."""
-
-    def __init__(self, model, labels, preprocessing, top_k):
-        self.model = model
-        self.labels = labels
-        self.pre = preprocessing
-        self.top_k = min(int(top_k), len(labels))
-        self.softmax_inside = ends_in_softmax(model)
-        h, w = preprocessing["image_size"]
-        self.shape = [h, w, preprocessing["num_channels"]]
-        self.shape_text = f"(batch, {h}, {w}, {preprocessing['num_channels']})"
-
-    def scores(self, pixels):
-        x = normalize_pixels(pixels, self.pre)
-        out = tf.cast(self.model(x, training=False), tf.float32)
-        if self.softmax_inside:
-            return {"probabilities": out}
-        return {"logits": out, "probabilities": tf.nn.softmax(out, axis=-1)}
-
-    def checked(self, pixels):
-        """`pixels` after in-graph checks of shape and finiteness."""
-        shape = tf.shape(pixels)
-        # Padding keeps the comparison valid for any rank; rank is checked too.
-        padded = tf.concat([shape, [-1, -1, -1, -1]], axis=0)[1:4]
-        good_shape = tf.logical_and(
-            tf.equal(tf.size(shape), 4), tf.reduce_all(tf.equal(padded, self.shape))
-        )
-        shape_check = tf.debugging.Assert(
-            good_shape,
-            [f"`{SERVING_INPUT}` must have shape {self.shape_text}; got shape", shape],
-            summarize=8,
-        )
-        with tf.control_dependencies([shape_check]):
-            finite_check = tf.debugging.Assert(
-                tf.reduce_all(tf.math.is_finite(pixels)),
-                [
-                    f"`{SERVING_INPUT}` must be finite pixel values in "
-                    f"[0, {self.pre['pixel_scale']:g}]; got NaN or Inf"
-                ],
-            )
-        with tf.control_dependencies([shape_check, finite_check]):
-            return tf.identity(pixels)
-
-    def serving_default(self, pixels):
-        return self.scores(self.checked(pixels))
-
-    def decode(self, encoded):
-        head = tf.strings.substr(encoded, 0, 8)
-        is_jpeg = tf.equal(tf.strings.substr(head, 0, 3), JPEG_MAGIC)
-        format_check = tf.debugging.Assert(
-            tf.logical_or(is_jpeg, tf.equal(head, PNG_MAGIC)),
-            [
-                f"`{BYTES_INPUT}` must be JPEG or PNG file bytes; got bytes starting",
-                head,
-            ],
-        )
-        channels = self.shape[2]
-        with tf.control_dependencies([format_check]):
-            # The accurate integer IDCT (libjpeg's ISLOW, PIL's default) rather
-            # than TF's fast one, so the graph sees the pixels a client sees
-            # when it opens the file (the fast one flipped ~1% of top-1s here).
-            image = tf.cond(
-                is_jpeg,
-                lambda: tf.io.decode_jpeg(
-                    encoded, channels=channels, dct_method="INTEGER_ACCURATE"
-                ),
-                lambda: tf.io.decode_png(encoded, channels=channels),
-            )
-        image = tf.cast(image, tf.float32) * (self.pre["pixel_scale"] / 255.0)
-        return tf.ensure_shape(resize_pixels(image[None], self.pre)[0], self.shape)
-
-    def classify_images(self, images):
-        pixels = tf.map_fn(
-            self.decode,
-            images,
-            fn_output_signature=tf.TensorSpec(self.shape, tf.float32),
-        )
-        probabilities = self.scores(pixels)["probabilities"]
-        top = tf.math.top_k(probabilities, k=self.top_k)
-        return {
-            "class_ids": top.indices,
-            "labels": tf.gather(tf.constant(self.labels), top.indices),
-            "probabilities": top.values,
-        }
-
-
-def write_saved_model(model, path, labels, preprocessing, top_k=5) -> None:
-    """Writes the SavedModel with both signatures to `path` (not atomic; see
-    `export_model`)."""
-    graphs = _Graphs(model, labels, preprocessing, top_k)
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint(
-        "serving_default",
-        graphs.serving_default,
-        input_signature=[
-            tf.TensorSpec([None, *graphs.shape], tf.float32, name=SERVING_INPUT)
-        ],
-    )
-    archive.add_endpoint(
-        BYTES_SIGNATURE,
-        graphs.classify_images,
-        input_signature=[tf.TensorSpec([None], tf.string, name=BYTES_INPUT)],
-    )
-    archive.write_out(str(path), verbose=False)
-
-
-def write_warmup_requests(path, name: str, pixels, preprocessing: dict) -> Path:
-    """Writes `assets.extra/tf_serving_warmup_requests` (a TFRecord file of
-    PredictionLogs) under the SavedModel at `path`: one request per signature,
-    one image each (`pixels`, raw, at the model size), which TF Serving runs
-    before it serves (`--enable_model_warmup`, on by default)."""
-    pixels = np.asarray(pixels, dtype="float32")[None]
-    as_uint8 = np.clip(
-        np.round(pixels[0] * (255.0 / preprocessing["pixel_scale"])), 0, 255
-    ).astype("uint8")
-    png = tf.io.encode_png(as_uint8).numpy()
-    records = [
-        prediction_log_bytes(
-            name, "serving_default", {SERVING_INPUT: tf.make_tensor_proto(pixels)}
-        ),
-        prediction_log_bytes(
-            name,
-            BYTES_SIGNATURE,
-            {BYTES_INPUT: tf.make_tensor_proto([png], dtype=tf.string)},
-        ),
-    ]
-    target = Path(path) / "assets.extra" / WARMUP_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tf.io.TFRecordWriter(str(target)) as writer:
-        for record in records:
-            writer.write(record)
-    return target
 
 
 def _architecture(model: keras.Model, variant: str | None) -> dict:
@@ -332,13 +179,48 @@ def export_model(
         variant: variant string for the metadata, e.g. `"Ti/16"`.
         top_k: how many classes the bytes signature returns.
     """
+    kinds = tflite_lib.check_kinds(tflite)
+    preprocessing = normalize_preprocessing(model, preprocessing)
+    labels = _check_arguments(model, name, labels, top_k, version)
+    representative, verify = _images(
+        representative_images, verify_images, preprocessing, kinds
+    )
+    graphs = Graphs(model, labels, preprocessing, top_k)  # checks the head too
+
+    root = Path(root)
+    model_dir = root / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(model_dir)
+    version = _next_version(model_dir) if version is None else version
+    final = model_dir / str(version)
+    if final.exists():
+        raise ValueError(
+            f"Version {version} of {name!r} already exists at {final}; versions "
+            "are never overwritten, pass a new version (or none for the next)."
+        )
+
+    reference = _reference(model, graphs, verify, preprocessing)
+    metadata = _metadata(
+        name, version, model, variant, labels, preprocessing, graphs, reference
+    )
+    tflite_files = _write_version(
+        model_dir, final, metadata, model, kinds, representative, verify, reference
+    )
+    for file, content in tflite_files.items():
+        write_atomic(root / file, lambda p, c=content: p.write_bytes(c))
+    write_atomic(root / f"{name}.keras", lambda p: model.save(str(p)))
+    text = json.dumps(metadata, indent=2) + "\n"
+    write_atomic(model_dir / "metadata.json", lambda p: p.write_text(text))
+    return metadata
+
+
+def _check_arguments(model, name, labels, top_k, version) -> list[str]:
+    """Validates what `export_model` was given; returns the labels as strings."""
     if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
         raise ValueError(
             f"name must be a non-empty file name without '/' that does not start "
             f"with '.', got {name!r}."
         )
-    kinds = tflite_lib.check_kinds(tflite)
-    preprocessing = normalize_preprocessing(model, preprocessing)
     num_classes = int(model.outputs[0].shape[-1])
     labels = [str(i) for i in range(num_classes)] if labels is None else labels
     labels = [str(label) for label in labels]
@@ -352,6 +234,12 @@ def export_model(
         raise ValueError(f"top_k must be a positive int, got {top_k!r}.")
     if version is not None and (not isinstance(version, int) or version < 1):
         raise ValueError(f"version must be a positive int, got {version!r}.")
+    return labels
+
+
+def _images(representative_images, verify_images, preprocessing, kinds):
+    """The calibration batch (or None) and the parity batch, as raw pixels at
+    the model size."""
     representative = None
     if representative_images is not None:
         representative = _pixel_batch(
@@ -364,41 +252,34 @@ def export_model(
             f"of tflite={list(kinds)}."
         )
     if verify_images is not None:
-        verify = _pixel_batch(verify_images, preprocessing, "verify_images")
-    elif representative is not None:
-        verify = representative[:256]
-    else:
-        h, w = preprocessing["image_size"]
-        shape = (16, h, w, preprocessing["num_channels"])
-        verify = (
-            np.random.default_rng(0)
-            .uniform(0, preprocessing["pixel_scale"], shape)
-            .astype("float32")
+        return representative, _pixel_batch(
+            verify_images, preprocessing, "verify_images"
         )
+    if representative is not None:
+        return representative, representative[:256]
+    h, w = preprocessing["image_size"]
+    shape = (16, h, w, preprocessing["num_channels"])
+    verify = (
+        np.random.default_rng(0)
+        .uniform(0, preprocessing["pixel_scale"], shape)
+        .astype("float32")
+    )
+    return representative, verify
 
-    graphs = _Graphs(model, labels, preprocessing, top_k)  # checks the head too
 
-    root = Path(root)
-    model_dir = root / name
-    model_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(model_dir)
-    version = _next_version(model_dir) if version is None else version
-    final = model_dir / str(version)
-    if final.exists():
-        raise ValueError(
-            f"Version {version} of {name!r} already exists at {final}; versions "
-            "are never overwritten, pass a new version (or none for the next)."
-        )
-    partial = model_dir / f".{version}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
+def _reference(model, graphs, verify, preprocessing) -> dict:
+    """The Keras model's outputs on the parity batch."""
     keras_out = model.predict(
         normalize_pixels(verify, preprocessing), batch_size=VERIFY_BATCH, verbose=0
     )
-    reference = {"probabilities": keras_out}
-    if not graphs.softmax_inside:
-        probabilities = np.asarray(tf.nn.softmax(keras_out))
-        reference = {"logits": keras_out, "probabilities": probabilities}
-    metadata = {
+    if graphs.softmax_inside:
+        return {"probabilities": keras_out}
+    probabilities = np.asarray(tf.nn.softmax(keras_out))
+    return {"logits": keras_out, "probabilities": probabilities}
+
+
+def _metadata(name, version, model, variant, labels, preprocessing, graphs, reference):
+    return {
         "name": name,
         "version": version,
         "architecture": _architecture(model, variant),
@@ -423,11 +304,23 @@ def export_model(
             "kinds an ordinary-looking prediction; predict() raises ValueError."
         ),
         "versions": _versions(),
-        "parity": {"num_images": int(len(verify))},
+        "parity": {"num_images": int(len(next(iter(reference.values()))))},
         "files": {},
     }
+
+
+def _write_version(
+    model_dir, final, metadata, model, kinds, representative, verify, reference
+) -> dict[str, bytes]:
+    """Writes the SavedModel version into a hidden partial folder, checks it and
+    each TFLite conversion against `reference`, then renames it to `final`.
+    Returns the TFLite files' contents, for the caller to publish."""
+    name, labels = metadata["name"], metadata["labels"]
+    preprocessing = metadata["preprocessing"]
+    partial = model_dir / f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tflite_files = {}
     try:
+        top_k = metadata["signatures"][BYTES_SIGNATURE]["top_k"]
         write_saved_model(model, partial, labels, preprocessing, top_k)
         write_warmup_requests(partial, name, verify[0], preprocessing)
         loaded = tf.saved_model.load(str(partial))
@@ -445,7 +338,7 @@ def export_model(
         (partial / "assets").mkdir(exist_ok=True)
         (partial / "assets" / "labels.txt").write_text("\n".join(labels) + "\n")
         # Sizes in bytes; the SavedModel's counts all but its metadata.json.
-        metadata["files"][f"{name}/{version}"] = _dir_size(partial)
+        metadata["files"][f"{name}/{final.name}"] = _dir_size(partial)
         for file, content in tflite_files.items():
             metadata["files"][file] = len(content)
         (partial / "assets" / "metadata.json").write_text(
@@ -455,10 +348,4 @@ def export_model(
     finally:
         if partial.exists():
             shutil.rmtree(partial, ignore_errors=True)
-
-    for file, content in tflite_files.items():
-        write_atomic(root / file, lambda p, c=content: p.write_bytes(c))
-    write_atomic(root / f"{name}.keras", lambda p: model.save(str(p)))
-    text = json.dumps(metadata, indent=2) + "\n"
-    write_atomic(model_dir / "metadata.json", lambda p: p.write_text(text))
-    return metadata
+    return tflite_files

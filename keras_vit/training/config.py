@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from keras_vit.models.preprocessing import RESIZE_METHODS
+from keras_vit.models.vit import ARCHITECTURE_KEYS
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 STRATEGY_NAMES = ("default", "mirrored", "multiworker", "tpu")
@@ -64,8 +66,8 @@ class ModelConfig:
     `keras_vit.models.resolution.with_image_size` (position embedding resampled).
     `pretrained`: a `.keras` file whose weights initialise the model by layer
     name (resized to `image_size`; a head of another shape is left fresh), or
-    a timm / Hugging Face / AugReg checkpoint (`keras_vit.pretrained.convert`), whose own
-    architecture is then used with a new zero head. `freeze_backbone`: a
+    a timm / Hugging Face / AugReg checkpoint (`keras_vit.pretrained`),
+    whose own architecture is then used with a new zero head. `freeze_backbone`: a
     linear probe, only the head trains.
     """
 
@@ -233,6 +235,8 @@ def parse_overrides(args: list[str]) -> dict:
 def _check(key, value, low, high=None, kind=(int, float)):
     if isinstance(value, bool) or not isinstance(value, kind):
         raise ValueError(f"{key} must be a number, got {value!r}.")
+    if not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, got {value!r}.")
     if value < low or (high is not None and value > high):
         valid = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{key} must be in {valid}, got {value!r}.")
@@ -240,6 +244,15 @@ def _check(key, value, low, high=None, kind=(int, float)):
 
 def validate(config: TrainConfig) -> TrainConfig:
     """ValueErrors naming the key, the bad value and the valid range."""
+    _validate_run(config)
+    _validate_model(config.model)
+    _validate_optim(config.optim)
+    _validate_schedule(config)
+    validate_data_config(config.data)
+    return config
+
+
+def _validate_run(config: TrainConfig) -> None:
     for key, value, choices in (
         ("precision", config.precision, PRECISIONS),
         ("strategy", config.strategy, STRATEGY_NAMES),
@@ -257,26 +270,18 @@ def validate(config: TrainConfig) -> TrainConfig:
         ("verbose", 0, 2),
     ):
         _check(key, getattr(config, key), low, high, int)
-    model, optim = config.model, config.optim
-    for key in (
-        "image_size",
-        "patch_size",
-        "hidden_dim",
-        "num_layers",
-        "num_heads",
-        "mlp_dim",
-        "representation_size",
-    ):
-        _check(
-            f"model.{key}",
-            getattr(model, key),
-            1 if key == "image_size" else 0,
-            None,
-            int,
-        )
+
+
+def _validate_model(model: ModelConfig) -> None:
+    for key in ("image_size", *ARCHITECTURE_KEYS, "representation_size"):
+        low = 1 if key == "image_size" else 0
+        _check(f"model.{key}", getattr(model, key), low, None, int)
     for key in ("dropout_rate", "attention_dropout_rate", "drop_path_rate"):
         _check(f"model.{key}", getattr(model, key), 0.0, 0.99)
     _check("model.layer_scale_init", model.layer_scale_init, 0.0)
+
+
+def _validate_optim(optim: OptimConfig) -> None:
     for key, low, high in (
         ("learning_rate", 1e-12, 10.0),
         ("weight_decay", 0.0, 10.0),
@@ -297,6 +302,11 @@ def validate(config: TrainConfig) -> TrainConfig:
         ("gradient_accumulation_steps", 1),
     ):
         _check(f"optim.{key}", getattr(optim, key), low, None, int)
+
+
+def _validate_schedule(config: TrainConfig) -> None:
+    """Steps: checkpoints divide the run, warm-up ends before it, resolution
+    stages increase and fall on checkpoints."""
     ce = config.checkpoint_every
     if config.total_steps % ce:
         raise ValueError(
@@ -304,28 +314,31 @@ def validate(config: TrainConfig) -> TrainConfig:
             f"checkpoint_every ({config.checkpoint_every}), e.g. "
             f"{config.checkpoint_every * max(1, config.total_steps // ce)}."
         )
-    if optim.warmup_steps >= config.total_steps:
+    if config.optim.warmup_steps >= config.total_steps:
         raise ValueError(
             f"optim.warmup_steps must be < total_steps={config.total_steps}, "
-            f"got {optim.warmup_steps}."
+            f"got {config.optim.warmup_steps}."
         )
     previous = 0
-    for stage in model.resize_at:
-        if not (isinstance(stage, tuple) and len(stage) == 2):
+    resize_at = config.model.resize_at
+    for stage in resize_at:
+        if not (
+            isinstance(stage, tuple | list)
+            and len(stage) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in stage)
+        ):
             raise ValueError(
-                "model.resize_at must be ((step, image_size), ...), "
-                f"got {model.resize_at!r}."
+                "model.resize_at must be ((step, image_size), ...) of ints, "
+                f"got {resize_at!r}."
             )
         step, _ = stage
         if not previous < step < config.total_steps or step % config.checkpoint_every:
             raise ValueError(
                 f"model.resize_at steps must increase, lie in (0, total_steps="
                 f"{config.total_steps}) and be multiples of checkpoint_every="
-                f"{config.checkpoint_every}; got {step!r} in {model.resize_at!r}."
+                f"{config.checkpoint_every}; got {step!r} in {resize_at!r}."
             )
         previous = step
-    validate_data_config(config.data)
-    return config
 
 
 def smoke_version(config: TrainConfig) -> TrainConfig:

@@ -41,7 +41,9 @@ import warnings
 import keras
 import tensorflow as tf
 
-STRATEGIES = ("default", "mirrored", "multiworker", "tpu")
+from keras_vit.training.config import STRATEGY_NAMES
+
+STRATEGIES = STRATEGY_NAMES
 
 
 def get_strategy(

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from keras_vit.models.resolution import with_image_size
-from keras_vit.models.vit import ViT
+from keras_vit.models.vit import ARCHITECTURE_KEYS, ViT
 from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import data as data_lib
 from keras_vit.training import distribute
@@ -60,15 +60,7 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
     m = config.model
     options = {
         key: getattr(m, key) or None
-        for key in (
-            "patch_size",
-            "hidden_dim",
-            "num_layers",
-            "num_heads",
-            "mlp_dim",
-            "representation_size",
-            "layer_scale_init",
-        )
+        for key in (*ARCHITECTURE_KEYS, "representation_size", "layer_scale_init")
     }
     model = ViT(
         m.variant,
@@ -324,18 +316,52 @@ def _train(config: TrainConfig) -> dict:
     labels = data_lib.class_names(config.data, config.model.image_size)
     keras.utils.set_random_seed(config.seed)
     stages = _stages(config)
-    checkpoints = run_dir / "checkpoints"
+    model, step = _restore(config, strategy, stages, len(labels), run_dir)
+    model, step, skipped, trained = _fit_stages(
+        model, config, strategy, stages, step, run_dir, chief
+    )
+    if config.optim.use_ema and not trained:
+        # `fit` swaps the EMA weights in when it ends; checkpoints hold the
+        # raw ones, so a rerun of a finished run swaps them in itself.
+        model.optimizer.finalize_variable_values(model.trainable_variables)
+    train_seconds = time.perf_counter() - started
+    size = stages[-1][2]
+    metadata = _evaluate(model, config, size, step)
+    metadata.update(
+        train_seconds=round(train_seconds, 2),
+        run_dir=str(run_dir),
+        precision=config.precision,
+        strategy=config.strategy,
+        replicas=strategy.num_replicas_in_sync,
+        labels=labels,
+        preprocessing=data_lib.preprocessing(config.data, size),
+        skipped_images=int(sum(int(v.numpy()) for v in skipped)),
+        paths={},
+    )
+    if chief:
+        _write_outputs(model, config, metadata, run_dir, size)
+    metadata["model"] = model
+    return metadata
 
-    # A checkpoint holds the model at the size of the stage that wrote it.
+
+def _restore(config, strategy, stages, num_classes, run_dir):
+    """Builds the model at the size of the latest checkpoint's stage (a
+    checkpoint holds the model at the size of the stage that wrote it) and
+    restores it; returns `(model, step)`."""
+    checkpoints = run_dir / "checkpoints"
     saved = [entry["step"] for entry in checkpoint_lib.list_checkpoints(checkpoints)]
     latest = max(saved, default=0)
     with strategy.scope():
         model = build_model(
-            config, len(labels), stages[_stage_of_checkpoint(stages, latest)][2]
+            config, num_classes, stages[_stage_of_checkpoint(stages, latest)][2]
         )
         _compile(model, config, strategy, 0)
-    step = checkpoint_lib.restore_latest(checkpoints, model)
+    return model, checkpoint_lib.restore_latest(checkpoints, model)
 
+
+def _fit_stages(model, config, strategy, stages, step, run_dir, chief):
+    """Trains each resolution stage not yet done; returns `(model, step,
+    skipped-image counters, whether anything trained)`."""
     ce = config.checkpoint_every
     skipped = []
     trained = False
@@ -371,13 +397,11 @@ def _train(config: TrainConfig) -> dict:
         )
         step = end
         trained = True
-    if config.optim.use_ema and not trained:
-        # `fit` swaps the EMA weights in when it ends; checkpoints hold the
-        # raw ones, so a rerun of a finished run swaps them in itself.
-        model.optimizer.finalize_variable_values(model.trainable_variables)
-    train_seconds = time.perf_counter() - started
+    return model, step, skipped, trained
 
-    size = stages[-1][2]
+
+def _evaluate(model, config, size, step) -> dict:
+    """Held-out accuracy and loss, as the first keys of the run metadata."""
     eval_ds = data_lib.make_eval_dataset(
         config.data,
         size,
@@ -387,44 +411,32 @@ def _train(config: TrainConfig) -> dict:
     results = model.evaluate(eval_ds, verbose=0, return_dict=True)
     accuracy = float(results["accuracy"])
     print(f"{config.name}: held-out accuracy {accuracy:.4f} after {step} steps")
-    preprocessing = data_lib.preprocessing(config.data, size)
-    metadata = {
+    return {
         "name": config.name,
         "accuracy": accuracy,
         "eval_loss": float(results["loss"]),
         "steps": int(step),
         "optimizer_iterations": int(model.optimizer.iterations.numpy()),
-        "train_seconds": round(train_seconds, 2),
-        "run_dir": str(run_dir),
-        "precision": config.precision,
-        "strategy": config.strategy,
-        "replicas": strategy.num_replicas_in_sync,
-        "labels": labels,
-        "preprocessing": preprocessing,
-        "skipped_images": int(sum(int(v.numpy()) for v in skipped)),
-        "paths": {},
     }
-    if chief:
-        paths = metadata["paths"]
-        paths["model"] = str(run_dir / "model.keras")
-        model.save(paths["model"])
-        history = run_dir / "history.csv"
-        if history.exists():
-            paths["history"] = str(history)
-            curves = plot_history(
-                history, run_dir / "curves.png", config.checkpoint_every
-            )
-            if curves:
-                paths["curves"] = str(curves)
-        if _has_tensorboard():
-            paths["tensorboard"] = str(run_dir / "tensorboard")
-        if config.export_name:
-            metadata["export"] = _export(model, config, labels, preprocessing, size)
-        (run_dir / "metadata.json").write_text(
-            json.dumps(metadata, indent=2, default=str)
-        )
-    metadata["model"] = model
-    return metadata
+
+
+def _write_outputs(model, config, metadata, run_dir, size) -> None:
+    """The chief's files: model.keras, curves, the export and metadata.json."""
+    paths = metadata["paths"]
+    paths["model"] = str(run_dir / "model.keras")
+    model.save(paths["model"])
+    history = run_dir / "history.csv"
+    if history.exists():
+        paths["history"] = str(history)
+        curves = plot_history(history, run_dir / "curves.png", config.checkpoint_every)
+        if curves:
+            paths["curves"] = str(curves)
+    if _has_tensorboard():
+        paths["tensorboard"] = str(run_dir / "tensorboard")
+    if config.export_name:
+        labels, preprocessing = metadata["labels"], metadata["preprocessing"]
+        metadata["export"] = _export(model, config, labels, preprocessing, size)
+    (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str))
 
 
 def _as_dict(config: TrainConfig) -> dict:

@@ -6,7 +6,7 @@
         --data.source folder --data.path my_images --data.num_channels 3
 
 `model.pretrained` is a keras_vit `.keras` file of this recipe's architecture
-(the digits recipe's), or any checkpoint `keras_vit.pretrained.convert.convert_checkpoint`
+(the digits recipe's), or any checkpoint `keras_vit.pretrained.convert_checkpoint`
 reads (timm / Hugging Face `model.safetensors` + `config.json`, AugReg `.npz`),
 whose own architecture is then used (three-channel checkpoints need
 three-channel data). Every layer but `head` is frozen; the head starts at zero

@@ -1,0 +1,282 @@
+"""The `keras-vit` subcommands: each parses nothing itself and makes one
+call into the package."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import re
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+from keras_vit.cli.common import (
+    REPO,
+    UsageError,
+    command_preprocessing,
+    existing_path,
+    load_keras_model,
+    model_metadata,
+    split_list,
+)
+
+
+def cmd_train(args) -> int:
+    from keras_vit.training import config as train_config
+    from keras_vit.training import recipes
+
+    options = list(args.options)
+    if options[:1] in (["-h"], ["--help"]):
+        print(TRAIN_HELP.format(recipes=", ".join(recipes.recipe_names())))
+        return 0
+    if options[:1] == ["--keys"]:
+        print("\n".join(train_config.config_keys()))
+        return 0
+    recipe = "digits"
+    if options and not options[0].startswith("--"):
+        recipe, options = options[0], options[1:]
+    config = recipes.load_recipe(recipe, train_config.parse_overrides(options))
+    from keras_vit.training import trainer as training
+
+    metadata = training.train(config)
+    print(f"accuracy={metadata['accuracy']:.4f} run_dir={metadata['run_dir']}")
+    return 0
+
+
+TRAIN_HELP = """\
+usage: keras-vit train [RECIPE] [--key value | --key=value | --set key=value]...
+
+Trains a recipe (keras_vit/training/recipes/RECIPE.py, or a path to a config file) with
+keras_vit.training.trainer.train: checkpoints and resumes in its run folder, evaluates
+on the held-out split, saves model.keras and metadata.json, exports when the
+recipe names an export.
+
+recipes: {recipes} (default: digits)
+
+  --smoke          a two-step run of the recipe
+  --keys           list every config key that can be overridden
+  --key value      override one key, e.g. --optim.learning_rate 1e-3
+  --set key=value  the same, e.g. --set batch_size=128
+"""
+
+
+def cmd_evaluate(args) -> int:
+    from keras_vit.analysis import evaluation
+    from keras_vit.training import data as data_lib
+
+    model = load_keras_model(args.model)
+    preprocessing = command_preprocessing(model, args.model, None, None)
+    height, width = preprocessing["image_size"]
+    config = data_lib.DataConfig(
+        source=args.data,
+        path=args.data_path,
+        eval_split=args.split,
+        num_channels=preprocessing["num_channels"],
+        mean=tuple(preprocessing["mean"]),
+        std=tuple(preprocessing["std"]),
+        pixel_scale=preprocessing["pixel_scale"],
+        resize_method=preprocessing["resize_method"],
+    )
+    dataset = data_lib.make_eval_dataset(config, (height, width), args.batch_size)
+    labels = model_metadata(args.model).get("labels")
+    out = Path(args.out)
+    result = evaluation.evaluate(
+        model,
+        dataset,
+        labels=labels,
+        confusion_png=out / "confusion_matrix.png",
+        report_json=out / "evaluation.json",
+    )
+    print(result.summary())
+    print(f"wrote {out / 'confusion_matrix.png'} and {out / 'evaluation.json'}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    import numpy as np
+
+    from keras_vit.deploy import export
+
+    model = load_keras_model(args.model)
+    metadata = model_metadata(args.model)
+    if not metadata.get("preprocessing") and (args.mean is None or args.std is None):
+        raise UsageError(
+            f"no metadata.json beside {args.model!r} says how pixels are "
+            "normalised; pass --mean and --std as used in training"
+        )
+    preprocessing = command_preprocessing(model, args.model, args.mean, args.std)
+    representative = None
+    if args.representative:
+        representative = np.load(
+            existing_path(args.representative, "representative images")
+        )
+    kinds = split_list(args.tflite) if args.tflite is not None else None
+    if kinds is None:
+        kinds = ["float32", "float16", "dynamic_int8"]
+        kinds += ["int8"] if representative is not None else []
+    result = export.export_model(
+        model,
+        args.name,
+        args.root,
+        version=args.version,
+        labels=metadata.get("labels"),
+        preprocessing=preprocessing,
+        representative_images=representative,
+        tflite=tuple(kinds),
+        variant=args.variant,
+        top_k=args.top_k,
+    )
+    print(f"exported {args.name} version {result['version']} under {args.root}")
+    for name, size in sorted(result.get("files", {}).items()):
+        print(f"  {Path(args.root) / name} ({size:,} bytes)")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from keras_vit.deploy import export
+
+    existing_path(args.model, "model")
+    results = export.predict(args.model, args.images, top_k=args.top_k)
+    for image, top in zip(args.images, results, strict=True):
+        ranked = ", ".join(f"{label} {probability:.4f}" for label, probability in top)
+        print(f"{image}: {ranked}")
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from keras_vit import pretrained
+
+    overrides = {}
+    if args.num_heads is not None:
+        overrides["num_heads"] = args.num_heads
+    model = pretrained.convert_checkpoint(
+        args.checkpoint,
+        args.output,
+        image_size=args.image_size,
+        num_classes=args.num_classes,
+        include_top=False if args.no_top else None,
+        sha256=args.sha256,
+        **overrides,
+    )
+    print(f"wrote {args.output}: {model.name}, {model.count_params():,} parameters")
+    return 0
+
+
+def cmd_visualize(args) -> int:
+    import numpy as np
+
+    from keras_vit.analysis import visualize
+    from keras_vit.deploy import serving
+    from keras_vit.models import preprocessing as preprocessing_lib
+
+    model = load_keras_model(args.model)
+    preprocessing = command_preprocessing(model, args.model, args.mean, args.std)
+    existing_path(args.image, "image")
+    pixels = serving.load_pixels(args.image, preprocessing)
+    image = np.asarray(preprocessing_lib.normalize_pixels(pixels, preprocessing))[0]
+    out = Path(args.out)
+    stem = Path(args.image).stem
+    num_blocks = len(visualize.attention_scores(model, image))
+    if args.block is not None and not -num_blocks <= args.block < num_blocks:
+        raise UsageError(
+            f"--block {args.block} is out of range; the model has {num_blocks} "
+            f"blocks (valid: {-num_blocks}..{num_blocks - 1})"
+        )
+    blocks = range(num_blocks) if args.block is None else [args.block % num_blocks]
+    written = []
+    for block in blocks:
+        path = out / f"{stem}_attention_block{block}.png"
+        visualize.attention_maps(model, image, block=block, save_to=path)
+        written.append(path)
+    rollout = visualize.attention_rollout(
+        model, image, save_to=out / f"{stem}_rollout.png"
+    )
+    np.save(out / f"{stem}_rollout.npy", rollout)
+    written += [out / f"{stem}_rollout.png", out / f"{stem}_rollout.npy"]
+    if args.all:
+        path = out / "position_embedding_similarity.png"
+        visualize.position_embedding_similarity(model, save_to=path)
+        distance = visualize.mean_attention_distance(
+            model, image, save_to=out / f"{stem}_attention_distance.png"
+        )
+        np.save(out / f"{stem}_attention_distance.npy", distance)
+        written += [
+            path,
+            out / f"{stem}_attention_distance.png",
+            out / f"{stem}_attention_distance.npy",
+        ]
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_info(args) -> int:
+    from keras_vit.analysis import flops
+
+    if args.model.endswith(".keras"):
+        model = load_keras_model(args.model)
+    else:
+        from keras_vit import models as keras_vit
+
+        builder = keras_vit.ViT
+        options = {}
+        if args.hybrid_stem:
+            builder = keras_vit.HybridViT
+            options["stem"] = args.hybrid_stem
+        model = builder(
+            args.model,
+            image_size=args.image_size,
+            num_classes=args.num_classes,
+            num_channels=args.num_channels,
+            **options,
+        )
+    if not args.no_summary:
+        model.summary(line_length=100)
+    macs, uncounted = flops.macs_by_layer(model)
+    total = sum(macs.values())
+    print(f"model: {model.name}")
+    print(f"input: {tuple(model.inputs[0].shape[1:])}")
+    print(f"parameters: {model.count_params():,}")
+    print(
+        f"forward pass per image: {total / 1e9:.2f} GMACs = "
+        f"{2 * total / 1e9:.2f} GFLOPs (matmuls and convolutions, attention "
+        "included)"
+    )
+    if uncounted:
+        print(f"not counted (no FLOP formula): {', '.join(uncounted)}")
+    return 0
+
+
+def _bench_module():
+    path = REPO / "bench" / "throughput.py"
+    if not path.exists():
+        raise UsageError(
+            f"{path} is not here: `keras-vit bench` runs from a source checkout "
+            "of keras_vit installed with pip install -e ."
+        )
+    spec = importlib.util.spec_from_file_location("keras_vit_bench_throughput", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def cmd_bench(args) -> int:
+    throughput = _bench_module()
+    # Its own parser checks the options first, so a bad one is one line here.
+    err, out = io.StringIO(), io.StringIO()
+    try:
+        with redirect_stderr(err), redirect_stdout(out):
+            throughput.parse_args(args.options)
+    except SystemExit as exit_:
+        if exit_.code == 0:  # --help
+            # Its parser is named after sys.argv[0]; name it as run here.
+            help_text = re.sub(
+                r"^usage: \S+", "usage: keras-vit bench", out.getvalue(), count=1
+            )
+            print(help_text, end="")
+            return 0
+        lines = err.getvalue().strip().splitlines() or ["bad options"]
+        message = lines[-1].split("error: ", 1)[-1]
+        raise UsageError(f"{message} (see keras-vit bench --help)") from None
+    return int(throughput.main(args.options) or 0)

@@ -1,0 +1,244 @@
+"""`keras-vit`'s argument parser and entry point."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+from keras_vit.cli.commands import (
+    cmd_bench,
+    cmd_convert,
+    cmd_evaluate,
+    cmd_export,
+    cmd_info,
+    cmd_predict,
+    cmd_train,
+    cmd_visualize,
+)
+from keras_vit.cli.common import PASS_THROUGH, USER_ERRORS, Parser, UsageError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="keras-vit",
+        description="Vision Transformers for Keras 3: train, evaluate, export, "
+        "predict, convert weights, look inside, benchmark.",
+    )
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        help="show the full traceback on errors instead of one line",
+    )
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=Parser
+    )
+    commands.required = True
+
+    command = functools.partial(_command, commands)
+    _add_pass_through(command)
+    _add_evaluate(command)
+    _add_export(command)
+    _add_predict(command)
+    _add_convert(command)
+    _add_visualize(command)
+    _add_info(command)
+    return parser
+
+
+def _command(commands, name, run, summary, description=None, **kwargs):
+    sub = commands.add_parser(
+        name, help=summary, description=description or summary, **kwargs
+    )
+    sub.set_defaults(run=run)
+    return sub
+
+
+def _add_pass_through(command) -> None:
+    # Options go to the recipe loader / the benchmark as they are.
+    command(
+        "train",
+        cmd_train,
+        "train a recipe (see keras-vit train --help)",
+        add_help=False,
+    )
+    command(
+        "bench",
+        cmd_bench,
+        "throughput benchmark, bench/throughput.py (see keras-vit bench --help)",
+        add_help=False,
+    )
+
+
+def _add_evaluate(command) -> None:
+    evaluate = command(
+        "evaluate",
+        cmd_evaluate,
+        "accuracy, top-5, confusion matrix, calibration",
+        "Evaluates a .keras model on a held-out split: accuracy, top-5 accuracy, "
+        "expected calibration error (15 bins); writes confusion_matrix.png and "
+        "evaluation.json into --out. Pixels are normalised as the model's "
+        "metadata.json says.",
+    )
+    evaluate.add_argument("model", help=".keras model file")
+    evaluate.add_argument(
+        "--data",
+        default="digits",
+        help="data source: digits, folder, tfrecord, tfds, arrays",
+    )
+    evaluate.add_argument(
+        "--data-path", default="", help="folder / TFRecord folder / TFDS name / .npz"
+    )
+    evaluate.add_argument("--split", default="val", help="held-out split name")
+    evaluate.add_argument("--batch-size", type=int, default=64)
+    evaluate.add_argument("--out", default="evaluation", help="output folder")
+
+
+def _add_export(command) -> None:
+    export = command(
+        "export",
+        cmd_export,
+        "SavedModel (TF Serving) and .tflite files",
+        "Exports a .keras model to <root>/<name>/<version>/ (TF Serving layout), "
+        "<root>/<name>*.tflite and metadata.json. Labels and preprocessing come "
+        "from the metadata.json beside the model (a training run's).",
+    )
+    export.add_argument("model", help=".keras model file")
+    export.add_argument("--name", required=True, help="served model name")
+    export.add_argument("--root", default="saved_models", help="export folder")
+    export.add_argument("--version", type=int, help="default: the next one")
+    export.add_argument(
+        "--tflite",
+        help="comma-separated kinds (float32, float16, "
+        "dynamic_int8, int8); default: all, int8 only with "
+        "--representative; '' for none",
+    )
+    export.add_argument(
+        "--representative",
+        help=".npy of raw training pixels (n, h, w, c) to calibrate int8",
+    )
+    export.add_argument("--variant", help="variant for the metadata, e.g. Ti/16")
+    export.add_argument("--top-k", type=int, default=5)
+    export.add_argument("--mean", type=float, help="normalisation mean (no metadata)")
+    export.add_argument("--std", type=float, help="normalisation std (no metadata)")
+
+
+def _add_predict(command) -> None:
+    predict = command(
+        "predict",
+        cmd_predict,
+        "top-k labels for image files",
+        "Prints the top-k labels of each image from a SavedModel folder, a "
+        ".tflite file or a .keras file with its metadata.json.",
+    )
+    predict.add_argument("model", help="SavedModel folder, .tflite or .keras")
+    predict.add_argument("images", nargs="+", help="image files")
+    predict.add_argument("--top-k", type=int, default=5)
+
+
+def _add_convert(command) -> None:
+    convert = command(
+        "convert",
+        cmd_convert,
+        "timm / Hugging Face / AugReg checkpoint to .keras",
+        "Converts a ViT checkpoint (.safetensors, .npz, a folder with "
+        "model.safetensors + config.json, or a Hugging Face Hub id) to a .keras "
+        "model, detecting the architecture from the tensors.",
+    )
+    convert.add_argument("checkpoint", help="file, folder or Hub id")
+    convert.add_argument("output", help="the .keras file to write")
+    convert.add_argument("--image-size", type=int, help="resample to this size")
+    convert.add_argument("--num-classes", type=int, help="new zero-initialised head")
+    convert.add_argument("--no-top", action="store_true", help="drop the head")
+    convert.add_argument("--num-heads", type=int, help="if the checkpoint cannot tell")
+    convert.add_argument("--sha256", help="expected sha256 of the checkpoint file")
+
+
+def _add_visualize(command) -> None:
+    visualize = command(
+        "visualize",
+        cmd_visualize,
+        "attention maps and rollout of an image as PNGs",
+        "Writes per-head attention maps (every block, or --block), the attention "
+        "rollout (PNG and .npy) and, with --all, the position-embedding "
+        "similarity and mean attention distance, for one image file.",
+    )
+    visualize.add_argument("model", help=".keras model file")
+    visualize.add_argument("image", help="image file (PNG, JPEG, ...)")
+    visualize.add_argument("--out", default="attention", help="output folder")
+    visualize.add_argument("--block", type=int, help="only this block's maps")
+    visualize.add_argument(
+        "--all",
+        action="store_true",
+        help="also position similarity and attention distance",
+    )
+    visualize.add_argument(
+        "--mean",
+        type=float,
+        help="normalisation mean (default: metadata.json beside the model, else 0.5)",
+    )
+    visualize.add_argument(
+        "--std",
+        type=float,
+        help="normalisation std (default: metadata.json beside the model, else 0.5)",
+    )
+
+
+def _add_info(command) -> None:
+    info = command(
+        "info",
+        cmd_info,
+        "model summary, parameters and FLOPs",
+        "Prints the model summary, its parameter count and the forward pass's "
+        "GMACs / GFLOPs per image (every matmul and convolution, attention "
+        "included; FLOPs = 2 x MACs).",
+    )
+    info.add_argument("model", help="a variant such as B/16, or a .keras file")
+    info.add_argument("--image-size", type=int, default=224)
+    info.add_argument("--num-classes", type=int, default=1000)
+    info.add_argument("--num-channels", type=int, default=3)
+    info.add_argument(
+        "--hybrid-stem",
+        help="build a HybridViT with this stem (R50, R26 or a keras.applications "
+        "name); the variant is then a size such as B or B/16",
+    )
+    info.add_argument("--no-summary", action="store_true", help="skip the layer table")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `keras-vit` with `argv` (default: the command line); returns the
+    exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    names = _command_names(parser)
+    position = next((i for i, a in enumerate(argv) if a in names), None)
+    command = argv[position] if position is not None else None
+    show_traceback = "--traceback" in argv[: position if position is not None else None]
+    try:
+        if command in PASS_THROUGH:
+            args = parser.parse_args(argv[: position + 1])
+            args.options = argv[position + 1 :]
+        else:
+            args, unknown = parser.parse_known_args(argv)
+            if unknown:
+                raise UsageError(
+                    f"unrecognized arguments: {' '.join(unknown)} "
+                    f"(see keras-vit {args.command} --help)"
+                )
+        return args.run(args)
+    except SystemExit as exit_:  # --help
+        return exit_.code if isinstance(exit_.code, int) else 0
+    except USER_ERRORS as error:
+        if show_traceback:
+            raise
+        prog = f"keras-vit {command}" if command else "keras-vit"
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _command_names(parser) -> set[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices)
+    return set()

@@ -1,0 +1,174 @@
+"""The SavedModel's serving graphs and its TF Serving warm-up records.
+
+Signatures of the SavedModel:
+
+- `serving_default`: `pixels` float32 `(batch, H, W, C)` raw pixel values in
+  `[0, pixel_scale]` at exactly the exported size -> `logits` and
+  `probabilities` float32 `(batch, num_classes)`. The graph normalises
+  (`(pixels / pixel_scale - mean) / std`) and checks the shape and that every
+  pixel is finite; a wrong size or channel count, or a NaN / Inf pixel, is an
+  `InvalidArgumentError` that names the expected shape. TF Serving only checks
+  dtypes, so these checks live in the graph.
+- `classify_images`: `images` string `(batch,)` of encoded JPEG or PNG files of
+  any size -> top-k `class_ids` int32, `labels` string and `probabilities`
+  float32, each `(batch, k)`. Images are decoded to C channels and resized to
+  H x W inside the graph (`resize_method`, as in training). Bytes that are not
+  a JPEG or PNG are an `InvalidArgumentError` saying so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_vit.deploy.serving import (
+    BYTES_INPUT,
+    BYTES_SIGNATURE,
+    SERVING_INPUT,
+    ends_in_softmax,
+    prediction_log_bytes,
+)
+from keras_vit.models.preprocessing import normalize_pixels, resize_pixels
+
+WARMUP_FILE = "tf_serving_warmup_requests"
+JPEG_MAGIC = b"\xff\xd8\xff"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class Graphs:
+    """The serving functions, built around one model and its constants."""
+
+    def __init__(self, model, labels, preprocessing, top_k):
+        self.model = model
+        self.labels = labels
+        self.pre = preprocessing
+        self.top_k = min(int(top_k), len(labels))
+        self.softmax_inside = ends_in_softmax(model)
+        h, w = preprocessing["image_size"]
+        self.shape = [h, w, preprocessing["num_channels"]]
+        self.shape_text = f"(batch, {h}, {w}, {preprocessing['num_channels']})"
+
+    def scores(self, pixels):
+        x = normalize_pixels(pixels, self.pre)
+        out = tf.cast(self.model(x, training=False), tf.float32)
+        if self.softmax_inside:
+            return {"probabilities": out}
+        return {"logits": out, "probabilities": tf.nn.softmax(out, axis=-1)}
+
+    def checked(self, pixels):
+        """`pixels` after in-graph checks of shape and finiteness."""
+        shape = tf.shape(pixels)
+        # Padding keeps the comparison valid for any rank; rank is checked too.
+        padded = tf.concat([shape, [-1, -1, -1, -1]], axis=0)[1:4]
+        good_shape = tf.logical_and(
+            tf.equal(tf.size(shape), 4), tf.reduce_all(tf.equal(padded, self.shape))
+        )
+        shape_check = tf.debugging.Assert(
+            good_shape,
+            [f"`{SERVING_INPUT}` must have shape {self.shape_text}; got shape", shape],
+            summarize=8,
+        )
+        with tf.control_dependencies([shape_check]):
+            finite_check = tf.debugging.Assert(
+                tf.reduce_all(tf.math.is_finite(pixels)),
+                [
+                    f"`{SERVING_INPUT}` must be finite pixel values in "
+                    f"[0, {self.pre['pixel_scale']:g}]; got NaN or Inf"
+                ],
+            )
+        with tf.control_dependencies([shape_check, finite_check]):
+            return tf.identity(pixels)
+
+    def serving_default(self, pixels):
+        return self.scores(self.checked(pixels))
+
+    def decode(self, encoded):
+        head = tf.strings.substr(encoded, 0, 8)
+        is_jpeg = tf.equal(tf.strings.substr(head, 0, 3), JPEG_MAGIC)
+        format_check = tf.debugging.Assert(
+            tf.logical_or(is_jpeg, tf.equal(head, PNG_MAGIC)),
+            [
+                f"`{BYTES_INPUT}` must be JPEG or PNG file bytes; got bytes starting",
+                head,
+            ],
+        )
+        channels = self.shape[2]
+        with tf.control_dependencies([format_check]):
+            # The accurate integer IDCT (libjpeg's ISLOW, PIL's default) rather
+            # than TF's fast one, so the graph sees the pixels a client sees
+            # when it opens the file (the fast one flipped ~1% of top-1s here).
+            image = tf.cond(
+                is_jpeg,
+                lambda: tf.io.decode_jpeg(
+                    encoded, channels=channels, dct_method="INTEGER_ACCURATE"
+                ),
+                lambda: tf.io.decode_png(encoded, channels=channels),
+            )
+        image = tf.cast(image, tf.float32) * (self.pre["pixel_scale"] / 255.0)
+        return tf.ensure_shape(resize_pixels(image[None], self.pre)[0], self.shape)
+
+    def classify_images(self, images):
+        pixels = tf.map_fn(
+            self.decode,
+            images,
+            fn_output_signature=tf.TensorSpec(self.shape, tf.float32),
+        )
+        probabilities = self.scores(pixels)["probabilities"]
+        top = tf.math.top_k(probabilities, k=self.top_k)
+        return {
+            "class_ids": top.indices,
+            "labels": tf.gather(tf.constant(self.labels), top.indices),
+            "probabilities": top.values,
+        }
+
+
+def write_saved_model(model, path, labels, preprocessing, top_k=5) -> None:
+    """Writes the SavedModel with both signatures to `path` (not atomic; see
+    `export_model`)."""
+    graphs = Graphs(model, labels, preprocessing, top_k)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        "serving_default",
+        graphs.serving_default,
+        input_signature=[
+            tf.TensorSpec([None, *graphs.shape], tf.float32, name=SERVING_INPUT)
+        ],
+    )
+    archive.add_endpoint(
+        BYTES_SIGNATURE,
+        graphs.classify_images,
+        input_signature=[tf.TensorSpec([None], tf.string, name=BYTES_INPUT)],
+    )
+    archive.write_out(str(path), verbose=False)
+
+
+def write_warmup_requests(path, name: str, pixels, preprocessing: dict) -> Path:
+    """Writes `assets.extra/tf_serving_warmup_requests` (a TFRecord file of
+    PredictionLogs) under the SavedModel at `path`: one request per signature,
+    one image each (`pixels`, raw, at the model size), which TF Serving runs
+    before it serves (`--enable_model_warmup`, on by default)."""
+    pixels = np.asarray(pixels, dtype="float32")[None]
+    as_uint8 = np.clip(
+        np.round(pixels[0] * (255.0 / preprocessing["pixel_scale"])), 0, 255
+    ).astype("uint8")
+    png = tf.io.encode_png(as_uint8).numpy()
+    records = [
+        prediction_log_bytes(
+            name, "serving_default", {SERVING_INPUT: tf.make_tensor_proto(pixels)}
+        ),
+        prediction_log_bytes(
+            name,
+            BYTES_SIGNATURE,
+            {BYTES_INPUT: tf.make_tensor_proto([png], dtype=tf.string)},
+        ),
+    ]
+    target = Path(path) / "assets.extra" / WARMUP_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(target)) as writer:
+        for record in records:
+            writer.write(record)
+    return target
