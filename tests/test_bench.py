@@ -118,3 +118,36 @@ def test_script_runs_from_the_command_line():
     )
     assert result.returncode == 0, result.stderr
     assert "--precision" in result.stdout and "--json" in result.stdout
+
+
+def test_auto_check_reports_the_choice_against_every_fixed_setting(
+    throughput, tmp_path, capsys
+):
+    out = tmp_path / "auto.json"
+    code = throughput.main([
+        "--variant", "Ti/16", "--num-layers", "1", "--image-size", "16",
+        "--batch-size", "2", "--num-classes", "3", "--iterations", "1",
+        "--rounds", "1", "--warmup", "1", "--matmul-size", "64",
+        "--peers", "keras_vit", "--modes", "infer", "--auto-check",
+        "--json", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    settings = {r["setting"] for r in report["results"]}
+    # Both precisions, with and without XLA: every setting auto can pick.
+    assert settings == {"jit", "no jit", "mixed_bfloat16 jit", "mixed_bfloat16 no jit"}
+    auto = report["auto"]
+    assert auto["setting"] in settings
+    infer = auto["infer"]
+    assert infer["best_setting"] in settings
+    assert infer["auto_over_best"] == pytest.approx(
+        infer["auto_images_per_second"] / infer["best_images_per_second"]
+    )
+    assert report["environment"]["cpu_flags"] == [
+        f for f in ("avx2", "fma", "avx512f") if f in report["environment"]["cpu_flags"]
+    ] + [
+        f
+        for f in report["environment"]["cpu_flags"]
+        if f.startswith(("avx512_", "amx"))
+    ]
+    assert "auto setting:" in capsys.readouterr().out
