@@ -40,10 +40,12 @@ def test_auto_rule_per_machine_kind(macs, flags, gpus, expected):
 
 
 def test_explicit_settings_are_kept_and_xla_follows_the_given_precision():
-    # A float32 model on a bfloat16 CPU still gains from XLA.
+    # Float32 follows the CPU: oneDNN on AVX-512, XLA on AVX2.
     choice = choose_settings(TI16, "float32", "auto", gpus=[], flags=AVX512_BF16)
-    assert (choice["precision"], choice["jit_compile"]) == ("float32", True)
+    assert (choice["precision"], choice["jit_compile"]) == ("float32", False)
     assert choice["auto"] == ["jit_compile"]
+    choice = choose_settings(TI16, "float32", "auto", gpus=[], flags=AVX2)
+    assert (choice["precision"], choice["jit_compile"]) == ("float32", True)
     choice = choose_settings(TI16, "auto", False, gpus=[], flags=AVX2)
     assert (choice["precision"], choice["jit_compile"]) == ("float32", False)
     assert choice["auto"] == ["precision"]
