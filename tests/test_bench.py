@@ -119,3 +119,76 @@ def test_script_runs_from_the_command_line():
     )
     assert result.returncode == 0, result.stderr
     assert "--precision" in result.stdout and "--json" in result.stdout
+
+
+def test_auto_check_reports_the_choice_against_every_fixed_setting(
+    throughput, tmp_path, capsys
+):
+    out = tmp_path / "auto.json"
+    code = throughput.main([
+        "--variant", "Ti/16", "--num-layers", "1", "--image-size", "16",
+        "--batch-size", "2", "--num-classes", "3", "--iterations", "1",
+        "--rounds", "1", "--warmup", "1", "--matmul-size", "64",
+        "--peers", "keras_vit", "--modes", "infer", "--auto-check",
+        "--json", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    settings = {r["setting"] for r in report["results"]}
+    # Both precisions, with and without XLA: every setting auto can pick.
+    assert settings == {"jit", "no jit", "mixed_bfloat16 jit", "mixed_bfloat16 no jit"}
+    auto = report["auto"]
+    assert auto["setting"] in settings
+    infer = auto["infer"]
+    assert infer["best_setting"] in settings
+    assert infer["auto_over_best"] == pytest.approx(
+        infer["auto_images_per_second"] / infer["best_images_per_second"]
+    )
+    assert report["environment"]["cpu_flags"] == [
+        f for f in ("avx2", "fma", "avx512f") if f in report["environment"]["cpu_flags"]
+    ] + [
+        f
+        for f in report["environment"]["cpu_flags"]
+        if f.startswith(("avx512_", "amx"))
+    ]
+    assert "auto setting:" in capsys.readouterr().out
+
+
+def test_input_pipeline_bench_runs_tiny_and_reports_every_stage(tmp_path, capsys):
+    pipeline = _load("input_pipeline")
+    out = tmp_path / "pipeline.json"
+    code = pipeline.main([
+        "--num-images", "8", "--image-size", "32", "--batch-size", "4",
+        "--batches", "1", "--rounds", "1", "--min-side", "40", "--max-side", "48",
+        "--model-images-per-second", "10", "--json", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    got = [(r["source"], r["stage"]) for r in report["results"]]
+    assert got == [(s, t) for s in pipeline.SOURCES for t in pipeline.STAGES]
+    for r in report["results"]:
+        assert r["images_per_second"] > 0
+        assert r["over_model_training"] == pytest.approx(r["images_per_second"] / 10)
+    assert report["environment"]["cpu_flags"] is not None
+    assert "| tfrecord | +MixUp 0.8 / CutMix 1.0 |" in capsys.readouterr().out
+
+
+def test_jpeg_tfrecords_round_trip_through_the_tfrecord_source(tmp_path):
+    import numpy as np
+
+    from keras_vit.training import data, sources
+    from keras_vit.training.config import DataConfig
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (4, 12, 12, 3), dtype=np.uint8)
+    files = sources.write_tfrecords(
+        images, [0, 1, 0, 1], tmp_path, "train", image_format="jpeg"
+    )
+    assert files[0].endswith("train-00000-of-00001.tfrecord")
+    config = DataConfig(
+        source="tfrecord", path=str(tmp_path), num_classes=2, mean=(0,), std=(1,)
+    )
+    batch, labels = next(iter(data.make_train_dataset(config, 12, 4, seed=0)))
+    assert batch.shape == (4, 12, 12, 3) and labels.shape == (4, 2)
+    with pytest.raises(ValueError, match="image_format must be 'png' or 'jpeg'"):
+        sources.write_tfrecords(images, [0, 1, 0, 1], tmp_path, image_format="gif")

@@ -209,3 +209,22 @@ def test_missing_folder_says_what_layout_is_expected(tmp_path):
     config = data.DataConfig(source="folder", path=str(tmp_path))
     with pytest.raises(ValueError, match="one folder per split"):
         data.make_train_dataset(config, 8, 2, seed=0)
+
+
+def test_rand_augment_runs_the_drawn_operations_deterministically():
+    """Per element: the same seed gives the same image, another seed another
+    one; pixels stay in range and the shape is kept."""
+    import tensorflow as tf
+
+    from keras_vit.training.augment import Augmenter
+
+    augmenter = Augmenter((24, 24), randaugment_ops=2, randaugment_magnitude=0.9)
+    image = tf.random.stateless_uniform((24, 24, 3), (1, 2), 0, 255)
+    outputs = [augmenter.element(image, tf.constant(i)).numpy() for i in (0, 0, 1, 2)]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    assert not np.array_equal(outputs[0], outputs[2]) or not np.array_equal(
+        outputs[0], outputs[3]
+    )
+    for out in outputs:
+        assert out.shape == (24, 24, 3) and out.dtype == np.float32
+        assert out.min() >= 0.0 and out.max() <= 255.0 + 1e-3

@@ -136,7 +136,7 @@ def cmd_predict(args) -> int:
     from keras_vit.deploy import export
 
     existing_path(args.model, "model")
-    results = export.predict(args.model, args.images, top_k=args.top_k)
+    results = export.predict(args.model, args.images, top_k=args.top_k, verbose=True)
     for image, top in zip(args.images, results, strict=True):
         ranked = ", ".join(f"{label} {probability:.4f}" for label, probability in top)
         print(f"{image}: {ranked}")

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.hardware import choose_settings
 from keras_vit.models.preprocessing import (
     normalize_pixels,
     resize_pixels,
@@ -235,8 +237,27 @@ def find_metadata(model_path) -> Path:
     )
 
 
+def approximate_macs(model: keras.Model) -> float:
+    """Multiply-adds per image, estimated as one per weight per token (what
+    the Dense layers of a transformer do; within ~2x of the exact count of
+    keras_vit.analysis.flops, enough to tell a digits-sized model from Ti/16,
+    ~200x apart). Models without a `patch_encoder` count one token."""
+    tokens = 1
+    try:
+        tokens = int(model.get_layer("patch_encoder").output.shape[1])
+    except (ValueError, AttributeError, TypeError):
+        pass
+    return float(model.count_params()) * tokens
+
+
 def predict(
-    model_path, images_or_paths, top_k: int = 5, *, metadata=None
+    model_path,
+    images_or_paths,
+    top_k: int = 5,
+    *,
+    metadata=None,
+    jit_compile: bool | str = "auto",
+    verbose: bool = False,
 ) -> list[list[tuple[str, float]]]:
     """Top-k `(label, probability)` pairs per image, best first.
 
@@ -249,6 +270,10 @@ def predict(
         top_k: how many classes per image.
         metadata: the export's metadata dict or `metadata.json` path; default:
             found beside the model (see `find_metadata`).
+        jit_compile: XLA for a `.keras` model: `True`, `False` or `"auto"`
+            (keras_vit.hardware's choice for the model's size and this
+            machine). SavedModel and TFLite graphs run as exported.
+        verbose: print the `"auto"` choice to stderr.
     """
     path = Path(model_path)
     if not path.exists():
@@ -285,6 +310,16 @@ def predict(
         import keras_vit.models  # noqa: F401  registers the layers for loading
 
         model = keras.saving.load_model(str(path))
+        settings = choose_settings(
+            approximate_macs(model), model.dtype_policy.name, jit_compile
+        )
+        if verbose and settings["auto"]:
+            print(
+                f"predict: jit_compile={settings['jit_compile']} "
+                f"(auto: {settings['reason']})",
+                file=sys.stderr,
+            )
+        model.compile(jit_compile=settings["jit_compile"])
         scores = model.predict(
             normalize_pixels(pixels, metadata["preprocessing"]), verbose=0
         )

@@ -13,10 +13,12 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from keras_vit.hardware import PRECISIONS
 from keras_vit.models.preprocessing import RESIZE_METHODS
 from keras_vit.models.vit import ARCHITECTURE_KEYS
 
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# Keys that also take "auto" (resolved by keras_vit.hardware at train time).
+AUTO_KEYS = ("precision", "jit_compile")
 STRATEGY_NAMES = ("default", "mirrored", "multiworker", "tpu")
 
 
@@ -124,8 +126,10 @@ class TrainConfig:
     seed: int = 0
     smoke: bool = False
     strategy: str = "default"
+    # "auto": chosen for this machine and model by keras_vit.hardware (the
+    # choice is printed and recorded in metadata.json under "settings").
     precision: str = "float32"
-    jit_compile: bool = False
+    jit_compile: bool | str = False
     batch_size: int = 64  # global, split over replicas
     eval_batch_size: int = 256
     total_steps: int = 1000
@@ -157,6 +161,8 @@ def _parse(key: str, text, default):
         return text
     if isinstance(default, bool):
         lowered = text.lower()
+        if lowered == "auto" and key in AUTO_KEYS:
+            return "auto"
         if lowered in ("true", "1", "yes"):
             return True
         if lowered in ("false", "0", "no"):
@@ -254,7 +260,8 @@ def validate(config: TrainConfig) -> TrainConfig:
 
 def _validate_run(config: TrainConfig) -> None:
     for key, value, choices in (
-        ("precision", config.precision, PRECISIONS),
+        ("precision", config.precision, (*PRECISIONS, "auto")),
+        ("jit_compile", config.jit_compile, (True, False, "auto")),
         ("strategy", config.strategy, STRATEGY_NAMES),
         ("model.pooling", config.model.pooling, ("token", "gap")),
     ):

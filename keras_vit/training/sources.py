@@ -227,10 +227,14 @@ def write_tfrecords(
     split: str = "train",
     num_shards: int = 1,
     filenames: list[str] | None = None,
+    image_format: str = "png",
 ) -> list[str]:
     """Writes uint8 `images (n, height, width, channels)` and int `labels`
-    as PNG-encoded examples in the module's TFRecord schema; returns the
-    file names (`<path>/<split>-00000-of-0000N.tfrecord`)."""
+    as PNG- or JPEG-encoded (`image_format`, JPEG at quality 90) examples in
+    the module's TFRecord schema; returns the file names
+    (`<path>/<split>-00000-of-0000N.tfrecord`)."""
+    if image_format not in ("png", "jpeg"):
+        raise ValueError(f"image_format must be 'png' or 'jpeg', got {image_format!r}.")
     images = np.asarray(images)
     labels = np.asarray(labels)
     if images.ndim != 4 or len(images) != len(labels) or num_shards < 1:
@@ -246,11 +250,16 @@ def write_tfrecords(
     writers = [tf.io.TFRecordWriter(f) for f in files]
     try:
         for i, (image, label) in enumerate(zip(images, labels, strict=True)):
-            name = filenames[i] if filenames else f"{split}_{i}.png"
+            suffix = "png" if image_format == "png" else "jpg"
+            name = filenames[i] if filenames else f"{split}_{i}.{suffix}"
+            pixels = image.astype("uint8")
+            encoded = (
+                tf.io.encode_png(pixels)
+                if image_format == "png"
+                else tf.io.encode_jpeg(pixels, quality=90)
+            )
             feature = {
-                "image/encoded": _bytes(
-                    tf.io.encode_png(image.astype("uint8")).numpy()
-                ),
+                "image/encoded": _bytes(encoded.numpy()),
                 "image/class/label": tf.train.Feature(
                     int64_list=tf.train.Int64List(value=[int(label)])
                 ),

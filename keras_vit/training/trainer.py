@@ -17,6 +17,9 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_vit.analysis.flops import vit_macs
+from keras_vit.hardware import choose_settings
+from keras_vit.hardware import describe as describe_hardware
 from keras_vit.models.resolution import with_image_size
 from keras_vit.models.vit import ARCHITECTURE_KEYS, ViT
 from keras_vit.training import checkpoints as checkpoint_lib
@@ -295,16 +298,42 @@ def train(config: TrainConfig) -> dict:
     checkpoint in the run folder. Returns the run metadata (also written to
     `<run_dir>/metadata.json`): `accuracy`, `eval_loss`, `steps`, `run_dir`,
     `paths`, `preprocessing`, `labels`, `train_seconds`, ..."""
-    config = validate(config)
+    config, settings = resolve_settings(validate(config))
+    print(
+        f"{config.name}: precision={settings['precision']} "
+        f"jit_compile={settings['jit_compile']}"
+        + (f" (auto: {settings['reason']})" if settings["auto"] else "")
+    )
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(config.precision)
     try:
-        return _train(config)
+        return _train(config, settings)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
-def _train(config: TrainConfig) -> dict:
+def resolve_settings(config: TrainConfig) -> tuple[TrainConfig, dict]:
+    """`config` with "auto" precision / jit_compile replaced by this machine's
+    choice (keras_vit.hardware.choose_settings), and the record of it."""
+    m = config.model
+    overrides = {key: getattr(m, key) or None for key in ARCHITECTURE_KEYS}
+    macs = vit_macs(
+        m.variant,
+        m.image_size,
+        10,
+        num_channels=config.data.num_channels,
+        **overrides,
+    )
+    settings = choose_settings(macs, config.precision, config.jit_compile)
+    settings["macs_per_image"] = int(macs)
+    settings["hardware"] = describe_hardware()
+    config = dataclasses.replace(
+        config, precision=settings["precision"], jit_compile=settings["jit_compile"]
+    )
+    return config, settings
+
+
+def _train(config: TrainConfig, settings: dict) -> dict:
     started = time.perf_counter()
     run_dir = Path(config.run_dir or Path("runs") / config.name)
     strategy = distribute.get_strategy(config.strategy)
@@ -331,6 +360,7 @@ def _train(config: TrainConfig) -> dict:
         train_seconds=round(train_seconds, 2),
         run_dir=str(run_dir),
         precision=config.precision,
+        settings=settings,
         strategy=config.strategy,
         replicas=strategy.num_replicas_in_sync,
         labels=labels,

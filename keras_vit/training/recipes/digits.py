@@ -17,6 +17,10 @@ from keras_vit.training.config import DataConfig, ModelConfig, OptimConfig, Trai
 def get_config() -> TrainConfig:
     return TrainConfig(
         name="digits",
+        # float32 without XLA on every CPU for a model this small; printed and
+        # recorded in metadata.json ("settings").
+        precision="auto",
+        jit_compile="auto",
         batch_size=64,
         total_steps=900,
         checkpoint_every=100,

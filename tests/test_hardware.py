@@ -1,0 +1,105 @@
+"""precision="auto" / jit_compile="auto": the rule per machine kind, and what
+the trainer and predict record and print."""
+
+import dataclasses
+import json
+
+import pytest
+
+from keras_vit import hardware
+from keras_vit.hardware import SMALL_MODEL_MACS, choose_settings
+
+AVX512_BF16 = frozenset({"avx2", "fma", "avx512f", "avx512_bf16"})
+AMX = frozenset({"avx2", "fma", "avx512f", "amx_tile", "amx_bf16"})
+AVX2 = frozenset({"avx2", "fma"})
+TI16 = 1.25e9  # ViT-Ti/16 at 224
+DIGITS = 5.3e6  # the digits recipe's model
+
+
+@pytest.mark.parametrize(
+    "macs, flags, gpus, expected",
+    [
+        # Measured side by side (README, Performance): bfloat16 matmuls run on
+        # oneDNN's native kernels, which XLA's CPU dots do not use.
+        (TI16, AVX512_BF16, [], ("mixed_bfloat16", False)),
+        (TI16, AMX, [], ("mixed_bfloat16", False)),
+        # No native bfloat16: emulated and slower; XLA fuses float32 best.
+        (TI16, AVX2, [], ("float32", True)),
+        # Overhead-bound models: no casts, no compile.
+        (DIGITS, AVX512_BF16, [], ("float32", False)),
+        (DIGITS, AVX2, [], ("float32", False)),
+        (TI16, AVX2, [(9, 0)], ("mixed_bfloat16", True)),
+        (DIGITS, AVX2, [(7, 5)], ("mixed_float16", True)),
+    ],
+)
+def test_auto_rule_per_machine_kind(macs, flags, gpus, expected):
+    choice = choose_settings(macs, "auto", "auto", gpus=gpus, flags=flags)
+    assert (choice["precision"], choice["jit_compile"]) == expected
+    assert choice["auto"] == ["precision", "jit_compile"]
+    assert choice["reason"]
+
+
+def test_explicit_settings_are_kept_and_xla_follows_the_given_precision():
+    # Float32 follows the CPU: oneDNN on AVX-512, XLA on AVX2.
+    choice = choose_settings(TI16, "float32", "auto", gpus=[], flags=AVX512_BF16)
+    assert (choice["precision"], choice["jit_compile"]) == ("float32", False)
+    assert choice["auto"] == ["jit_compile"]
+    choice = choose_settings(TI16, "float32", "auto", gpus=[], flags=AVX2)
+    assert (choice["precision"], choice["jit_compile"]) == ("float32", True)
+    choice = choose_settings(TI16, "auto", False, gpus=[], flags=AVX2)
+    assert (choice["precision"], choice["jit_compile"]) == ("float32", False)
+    assert choice["auto"] == ["precision"]
+    assert SMALL_MODEL_MACS > DIGITS * 10 and SMALL_MODEL_MACS < TI16 / 10
+
+
+def test_bad_values_name_what_is_valid():
+    with pytest.raises(ValueError, match="precision must be 'auto' or one of"):
+        choose_settings(TI16, "bfloat16", "auto", gpus=[], flags=AVX2)
+    with pytest.raises(ValueError, match="jit_compile must be 'auto', true or false"):
+        choose_settings(TI16, "auto", "yes", gpus=[], flags=AVX2)
+
+
+def test_describe_records_the_cpu_flags_that_decide():
+    facts = hardware.describe()
+    assert set(facts) == {"cpu", "cpu_flags", "cpu_count", "gpus"}
+    assert set(facts["cpu_flags"]) <= set(hardware.CPU_FEATURES)
+    assert set(facts["cpu_flags"]) == hardware.cpu_flags() & set(hardware.CPU_FEATURES)
+
+
+def test_config_takes_auto_from_the_command_line():
+    from keras_vit.training.config import parse_overrides
+    from keras_vit.training.recipes import load_recipe
+
+    config = load_recipe(
+        "digits", parse_overrides(["--precision", "auto", "--jit_compile", "auto"])
+    )
+    assert (config.precision, config.jit_compile) == ("auto", "auto")
+    with pytest.raises(ValueError, match="jit_compile must be one of"):
+        load_recipe("digits", {"jit_compile": "sometimes"})
+
+
+def test_trainer_resolves_prints_and_records_the_choice(tmp_path, capsys):
+    from keras_vit.training.recipes import load_recipe
+    from keras_vit.training.trainer import train
+
+    config = load_recipe("digits", {"smoke": True, "run_dir": str(tmp_path / "run")})
+    assert (config.precision, config.jit_compile) == ("auto", "auto")
+    metadata = train(config)
+    expected = choose_settings(metadata["settings"]["macs_per_image"], "auto", "auto")
+    settings = metadata["settings"]
+    assert (settings["precision"], settings["jit_compile"]) == (
+        expected["precision"],
+        expected["jit_compile"],
+    )
+    assert metadata["precision"] == settings["precision"]
+    on_disk = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert (
+        on_disk["settings"]["hardware"]["cpu_flags"] == hardware.describe()["cpu_flags"]
+    )
+    printed = capsys.readouterr().out
+    assert f"precision={settings['precision']}" in printed
+    assert "(auto: " in printed
+    fixed = dataclasses.replace(config, precision="float32", jit_compile=False)
+    from keras_vit.training.trainer import resolve_settings
+
+    assert resolve_settings(fixed)[1]["auto"] == []
