@@ -43,7 +43,8 @@ def test_flop_count_matches_the_published_vit_ti16_figure():
 
 
 def test_ceiling_shapes_are_the_counted_matrix_products(throughput):
-    """The matmul-bound ceiling times exactly the products keras_vit.analysis.flops counts."""
+    """The matmul-bound ceiling times exactly the products that
+    keras_vit.analysis.flops counts."""
     from keras_vit.analysis.flops import vit_macs
     from keras_vit.models.vit import parse_variant
 

@@ -1,4 +1,5 @@
-"""Checkpoints, kill-and-resume, damaged checkpoints and NaN (keras_vit.training.checkpoints)."""
+"""Checkpoints, kill-and-resume, damaged checkpoints and NaN
+(keras_vit.training.checkpoints)."""
 
 import json
 import os

@@ -255,9 +255,11 @@ def cmd_info(args) -> int:
 def _bench_module():
     path = REPO / "bench" / "throughput.py"
     if not path.exists():
+        # The benchmark compares other libraries and is not part of the wheel.
         raise UsageError(
-            f"{path} is not here: `keras-vit bench` runs from a source checkout "
-            "of keras_vit installed with pip install -e ."
+            f"the benchmark is not installed ({path} is missing): it ships with "
+            "the keras-vit-tf source checkout; there, run `pip install -e .` "
+            "and then `keras-vit bench`, or `python bench/throughput.py`"
         )
     spec = importlib.util.spec_from_file_location("keras_vit_bench_throughput", path)
     module = importlib.util.module_from_spec(spec)
