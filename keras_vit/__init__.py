@@ -5,7 +5,12 @@ in subpackages: `pretrained` (checkpoint import), `training`, `deploy`
 (SavedModel, TFLite, serving) and `analysis` (FLOPs, evaluation, attention).
 """
 
-from keras_vit.models import (
+from keras_vit.logs import quiet_native_logs_for_command
+
+# Before TensorFlow loads (below), or the level cannot change any more.
+quiet_native_logs_for_command()
+
+from keras_vit.models import (  # noqa: E402
     ARCHITECTURE_KEYS,
     MLP,
     VARIANTS,
@@ -24,7 +29,7 @@ from keras_vit.models import (
     resample_position_embedding,
     with_image_size,
 )
-from keras_vit.version import __version__
+from keras_vit.version import __version__  # noqa: E402
 
 __all__ = [
     "ARCHITECTURE_KEYS",

@@ -6,16 +6,25 @@ file. Every config key can be overridden, e.g.
     python recipes/train.py digits --optim.learning_rate 1e-3 --set batch_size=128
     python recipes/train.py digits --smoke       # a two-step run
     python recipes/train.py --keys               # list the valid keys
+
+Progress: Keras' progress bar in a terminal, one line per epoch otherwise
+(`--verbose 0|1|2` chooses). TensorFlow's native INFO and WARNING lines are
+hidden unless TF_CPP_MIN_LOG_LEVEL is set. The run ends with a summary: the
+held-out accuracy, where the model and each export were written, and the
+commands that predict with or serve them.
 """
 
 import os
 import sys
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# Before TensorFlow loads, as keras_vit.logs explains: errors only.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from keras_vit.training.config import config_keys, parse_overrides  # noqa: E402
 from keras_vit.training.recipes import load_recipe  # noqa: E402
+from keras_vit.training.report import progress_verbosity, run_summary  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -29,14 +38,14 @@ def main(argv: list[str]) -> int:
     if argv and not argv[0].startswith("--"):
         recipe, argv = argv[0], argv[1:]
     try:
-        config = load_recipe(recipe, parse_overrides(argv))
+        config = load_recipe(recipe, progress_verbosity(parse_overrides(argv)))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from keras_vit.training.trainer import train
 
     metadata = train(config)
-    print(f"accuracy={metadata['accuracy']:.4f} run_dir={metadata['run_dir']}")
+    print(run_summary(metadata, config.export_root))
     return 0
 
 

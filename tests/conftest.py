@@ -21,18 +21,17 @@ def digits_model():
     visualisation tests: (model, x_test, y_test, labels). Images are 16x16x1
     floats normalised as (pixels / 255 - 0.5) / 0.5."""
     import numpy as np
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
 
     import keras_vit
+    from keras_vit.training.sources import digits_arrays
 
-    digits = load_digits()
-    pixels = digits.images * (255.0 / 16.0)
-    pixels = np.kron(pixels, np.ones((2, 2)))[..., None].astype("float32")
-    images = (pixels / 255.0 - 0.5) / 0.5
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, digits.target, test_size=0.2, random_state=0, stratify=digits.target
-    )
+    def upsampled(pixels):  # 8x8 -> 16x16, each pixel repeated 2x2
+        pixels = np.kron(pixels[..., 0], np.ones((2, 2)))[..., None]
+        return ((pixels / 255.0 - 0.5) / 0.5).astype("float32")
+
+    split = digits_arrays()
+    x_train, x_test = upsampled(split["x_train"]), upsampled(split["x_eval"])
+    y_train, y_test = split["y_train"], split["y_eval"]
     keras.utils.set_random_seed(0)
     model = keras_vit.ViT(
         "Ti/4",

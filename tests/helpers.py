@@ -15,6 +15,20 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Parity bounds between two float32 computations of the same network (Keras vs
+# its SavedModel, a TFLite file, the previous release, another batch size).
+# They differ only in how sums are ordered and fused (graph vs eager, oneDNN vs
+# Eigen, AVX2 vs AVX-512, XNNPACK), i.e. by a few float32 epsilons (1.2e-7) per
+# operation relative to the magnitudes involved: the error scales with the
+# logits, so a fixed bound does not hold on every CPU (1e-5 on logits of size
+# ~10 is ~8 eps and one CPU measured 1.03e-5). 1e-5 of the logits' scale is ~84
+# eps, enough for these shallow models and still orders of magnitude below
+# what a wrong weight, layer or preprocessing step does.
+FLOAT32_PARITY = 1e-5
+# The TFLite converter fuses and reorders more (folded constants, fused
+# activations, its own GELU and softmax kernels): ten times more room.
+TFLITE_FLOAT32_PARITY = 1e-4
+
 
 def check_config_round_trip(layer: keras.layers.Layer) -> dict:
     """get_config -> from_config -> get_config is the identity, also through
@@ -77,6 +91,26 @@ def check_reloads_in_fresh_process(
         str(tmp_path / "outputs.npy"),
     )
     np.testing.assert_allclose(np.load(tmp_path / "outputs.npy"), expected, atol=atol)
+
+
+def parity_bound(logits, relative: float) -> float:
+    """`relative * max(1, max |logits|)`: a parity bound on logits, and on the
+    probabilities computed from them (softmax moves no probability by more
+    than the largest change of a logit)."""
+    return relative * max(1.0, float(np.max(np.abs(np.asarray(logits)))))
+
+
+def assert_parity(actual, expected, logits, relative: float, what: str = "") -> float:
+    """max |actual - expected| <= parity_bound(logits, relative); returns it."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    diff = float(np.max(np.abs(actual - expected)))
+    bound = parity_bound(logits, relative)
+    assert diff <= bound, (
+        f"{what}: max |diff| {diff:.3g} > {bound:.3g} = {relative:g} x "
+        "max(1, max |logits|)"
+    )
+    return diff
 
 
 def fit_one_step(model: keras.Model, inputs: np.ndarray, labels: np.ndarray) -> float:

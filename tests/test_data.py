@@ -26,22 +26,35 @@ def write_folder(root, split, per_class=3, size=(20, 28), fmt="PNG"):
             Image.fromarray(pixels).save(root / split / name / f"{i}.{suffix}", fmt)
 
 
-def test_digits_eval_split_is_the_shared_fixture_convention():
+def test_digits_split_is_stratified_and_covers_every_digit_once():
     from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
 
+    digits = load_digits()
+    split = sources.digits_arrays()
+    assert split["x_train"].shape == (1437, 8, 8, 1)
+    assert split["x_eval"].shape == (360, 8, 8, 1)
+    assert split["x_train"].dtype == np.float32 and split["x_eval"].max() == 255.0
+    # Every digit lands on exactly one side, pixels scaled from 0..16 ink.
+    together = np.concatenate([split["x_train"], split["x_eval"]])[..., 0]
+    original = (digits.images * (255.0 / 16.0)).astype("float32")
+    order = np.lexsort(together.reshape(len(together), -1).T)
+    expected_order = np.lexsort(original.reshape(len(original), -1).T)
+    np.testing.assert_array_equal(together[order], original[expected_order])
+    # Stratified: each class's held-out share is 20% of it, give or take one.
+    counts = np.bincount(digits.target, minlength=10)
+    eval_counts = np.bincount(split["y_eval"], minlength=10)
+    assert np.all(np.abs(eval_counts - 0.2 * counts) <= 1)
+    np.testing.assert_array_equal(sources.digits_arrays()["y_eval"], split["y_eval"])
+
+
+def test_digits_eval_split_is_the_shared_fixture_convention():
     config = data.DataConfig(source="digits", num_channels=1, resize_method="nearest")
     images, labels = zip(*data.make_eval_dataset(config, 16, 100), strict=True)
     images, labels = np.concatenate(images), np.concatenate(labels)
-    digits = load_digits()
-    pixels = np.kron(digits.images * (255.0 / 16.0), np.ones((2, 2)))[..., None]
-    _, x_test, _, y_test = train_test_split(
-        (pixels / 255.0 - 0.5) / 0.5,
-        digits.target,
-        test_size=0.2,
-        random_state=0,
-        stratify=digits.target,
-    )
+    # tests/conftest.py's digits_model: the package's split, each pixel 2x2.
+    split = sources.digits_arrays()
+    pixels = np.kron(split["x_eval"][..., 0], np.ones((2, 2)))[..., None]
+    x_test, y_test = (pixels / 255.0 - 0.5) / 0.5, split["y_eval"]
     assert images.shape == (360, 16, 16, 1)
     np.testing.assert_allclose(images, x_test, atol=1e-6)
     np.testing.assert_array_equal(labels.argmax(-1), y_test)

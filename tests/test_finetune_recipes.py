@@ -7,12 +7,11 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from keras_vit.training import trainer as training
 from keras_vit.training.finetune import LayerDecayAdamW
 from keras_vit.training.recipes import load_recipe
+from keras_vit.training.sources import digits_arrays
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHANCE_LOSS = float(np.log(10.0))  # a zero head on 10 classes
@@ -20,16 +19,10 @@ CHANCE_LOSS = float(np.log(10.0))  # a zero head on 10 classes
 
 def digits_rgb_arrays():
     """The digits split of the trainer, as three-channel 0..255 pixels."""
-    digits = load_digits()
-    pixels = np.repeat(digits.images[..., None] * (255.0 / 16.0), 3, axis=-1)
-    x_train, x_eval, y_train, y_eval = train_test_split(
-        pixels.astype("float32"),
-        digits.target,
-        test_size=0.2,
-        random_state=0,
-        stratify=digits.target,
-    )
-    return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval}
+    split = digits_arrays()
+    for key in ("x_train", "x_eval"):
+        split[key] = np.repeat(split[key], 3, axis=-1)
+    return split
 
 
 def finetune_converted(recipe, tmp_path, **overrides):

@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# TensorFlow's log level is set by the package root (keras_vit.logs): by the
+# time this module runs, TensorFlow is loaded.
 
 from keras_vit.cli.common import UsageError  # noqa: E402
 from keras_vit.cli.main import build_parser, main  # noqa: E402

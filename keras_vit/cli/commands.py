@@ -35,11 +35,14 @@ def cmd_train(args) -> int:
     recipe = "digits"
     if options and not options[0].startswith("--"):
         recipe, options = options[0], options[1:]
-    config = recipes.load_recipe(recipe, train_config.parse_overrides(options))
+    from keras_vit.training import report
+
+    overrides = report.progress_verbosity(train_config.parse_overrides(options))
+    config = recipes.load_recipe(recipe, overrides)
     from keras_vit.training import trainer as training
 
     metadata = training.train(config)
-    print(f"accuracy={metadata['accuracy']:.4f} run_dir={metadata['run_dir']}")
+    print(report.run_summary(metadata, config.export_root))
     return 0
 
 
@@ -49,7 +52,9 @@ usage: keras-vit train [RECIPE] [--key value | --key=value | --set key=value]...
 Trains a recipe (keras_vit/training/recipes/RECIPE.py, or a path to a config file) with
 keras_vit.training.trainer.train: checkpoints and resumes in its run folder, evaluates
 on the held-out split, saves model.keras and metadata.json, exports when the
-recipe names an export.
+recipe names an export. Shows Keras' progress bar in a terminal, one line per
+epoch otherwise, and ends with a summary of the files written and the commands
+that use them.
 
 recipes: {recipes} (default: digits)
 
@@ -250,9 +255,11 @@ def cmd_info(args) -> int:
 def _bench_module():
     path = REPO / "bench" / "throughput.py"
     if not path.exists():
+        # The benchmark compares other libraries and is not part of the wheel.
         raise UsageError(
-            f"{path} is not here: `keras-vit bench` runs from a source checkout "
-            "of keras_vit installed with pip install -e ."
+            f"the benchmark is not installed ({path} is missing): it ships with "
+            "the keras-vit-tf source checkout; there, run `pip install -e .` "
+            "and then `keras-vit bench`, or `python bench/throughput.py`"
         )
     spec = importlib.util.spec_from_file_location("keras_vit_bench_throughput", path)
     module = importlib.util.module_from_spec(spec)
