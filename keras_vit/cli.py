@@ -226,9 +226,11 @@ def cmd_predict(args) -> int:
     from keras_vit.deploy import export
 
     _existing(args.model, "model")
-    results = export.predict(args.model, args.images, top_k=args.top_k)
+    output = "logits" if args.logits else "probabilities"
+    results = export.predict(args.model, args.images, top_k=args.top_k, output=output)
+    digits = 6 if args.logits else 4
     for image, top in zip(args.images, results, strict=True):
-        ranked = ", ".join(f"{label} {probability:.4f}" for label, probability in top)
+        ranked = ", ".join(f"{label} {value:.{digits}f}" for label, value in top)
         print(f"{image}: {ranked}")
     return 0
 
@@ -468,6 +470,11 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("model", help="SavedModel folder, .tflite or .keras")
     predict.add_argument("images", nargs="+", help="image files")
     predict.add_argument("--top-k", type=int, default=5)
+    predict.add_argument(
+        "--logits",
+        action="store_true",
+        help="print the model's logits instead of softmax probabilities",
+    )
 
     convert = command(
         "convert",

@@ -191,8 +191,10 @@ def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
         pixels = _to_pixels(item, preprocessing)
         if not np.all(np.isfinite(pixels)):
             raise ValueError(f"image {index} holds NaN or Inf pixels.")
-        if list(pixels.shape[:2]) != preprocessing["image_size"]:
-            pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
+        # Always through resize_pixels: it passes an image at the model size
+        # through unless the preprocessing crops (then that image is resized
+        # and cropped too, as its source library does).
+        pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
         batch.append(pixels)
     return np.stack(batch).astype("float32")
 
@@ -236,7 +238,12 @@ def find_metadata(model_path) -> Path:
 
 
 def predict(
-    model_path, images_or_paths, top_k: int = 5, *, metadata=None
+    model_path,
+    images_or_paths,
+    top_k: int = 5,
+    *,
+    metadata=None,
+    output: str = "probabilities",
 ) -> list[list[tuple[str, float]]]:
     """Top-k `(label, probability)` pairs per image, best first.
 
@@ -249,7 +256,11 @@ def predict(
         top_k: how many classes per image.
         metadata: the export's metadata dict or `metadata.json` path; default:
             found beside the model (see `find_metadata`).
+        output: `"probabilities"` or `"logits"` (the model's own scores, for
+            a model that does not end in softmax): what the pairs hold.
     """
+    if output not in ("probabilities", "logits"):
+        raise ValueError(f"output must be 'probabilities' or 'logits', got {output!r}.")
     path = Path(model_path)
     if not path.exists():
         raise FileNotFoundError(f"model {str(model_path)!r} does not exist")
@@ -276,11 +287,11 @@ def predict(
     pixels = load_pixels(images_or_paths, metadata["preprocessing"])
     if path.is_dir():
         signature = tf.saved_model.load(str(path)).signatures["serving_default"]
-        probabilities = signature(pixels=tf.constant(pixels))["probabilities"]
+        outputs = signature(pixels=tf.constant(pixels))
     elif path.suffix == ".tflite":
         from keras_vit.deploy.tflite import Runner
 
-        probabilities = Runner(path)(pixels)["probabilities"]
+        outputs = Runner(path)(pixels)
     else:
         import keras_vit.models  # noqa: F401  registers the layers for loading
 
@@ -288,8 +299,14 @@ def predict(
         scores = model.predict(
             normalize_pixels(pixels, metadata["preprocessing"]), verbose=0
         )
-        probabilities = scores if ends_in_softmax(model) else tf.nn.softmax(scores)
-    probabilities = np.asarray(probabilities)
+        outputs = {"probabilities": scores}
+        if not ends_in_softmax(model):
+            outputs = {"logits": scores, "probabilities": tf.nn.softmax(scores)}
+    if output not in outputs:
+        raise ValueError(
+            f"{str(model_path)!r} gives no {output} (it returns {sorted(outputs)})."
+        )
+    probabilities = np.asarray(outputs[output])
     k = min(top_k, len(labels))
     order = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]
     return [
