@@ -166,6 +166,9 @@ def cmd_evaluate(args) -> int:
         std=tuple(preprocessing["std"]),
         pixel_scale=preprocessing["pixel_scale"],
         resize_method=preprocessing["resize_method"],
+        # A converted checkpoint's centre crop (its metadata.json); the
+        # pipeline scales both sides, without PIL's antialiasing.
+        eval_crop=preprocessing.get("crop_fraction", 1.0),
     )
     dataset = data_lib.make_eval_dataset(config, (height, width), args.batch_size)
     labels = _metadata(args.model).get("labels")

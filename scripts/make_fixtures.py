@@ -464,14 +464,20 @@ def big_vision_map(folder: Path) -> None:
     spec += [
         ("params/MAPHead_0/probe", (1, 1, hidden)),
         *[
-            (f"params/MAPHead_0/MultiHeadDotProductAttention_0/{n}/kernel", (hidden, heads, hd))
+            (
+                f"params/MAPHead_0/MultiHeadDotProductAttention_0/{n}/kernel",
+                (hidden, heads, hd),
+            )
             for n in ("query", "key", "value")
         ],
         *[
             (f"params/MAPHead_0/MultiHeadDotProductAttention_0/{n}/bias", (heads, hd))
             for n in ("query", "key", "value")
         ],
-        ("params/MAPHead_0/MultiHeadDotProductAttention_0/out/kernel", (heads, hd, hidden)),
+        (
+            "params/MAPHead_0/MultiHeadDotProductAttention_0/out/kernel",
+            (heads, hd, hidden),
+        ),
         ("params/MAPHead_0/MultiHeadDotProductAttention_0/out/bias", (hidden,)),
         ("params/MAPHead_0/LayerNorm_0/scale", (hidden,)),
         ("params/MAPHead_0/LayerNorm_0/bias", (hidden,)),

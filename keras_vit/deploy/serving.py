@@ -45,7 +45,8 @@ def ends_in_softmax(model: keras.Model) -> bool:
 # .proto) are not in the tensorflow wheel and tensorflow-serving-api pins the
 # full tensorflow package, so the few messages a warm-up file needs are declared
 # here with the upstream field numbers, in a private descriptor pool (no clash
-# if tensorflow_serving is imported too). Fields not written are left out.
+# if tensorflow_serving is imported too). Fields not written are left out;
+# tests/test_export.py reads the file back with the official protos.
 _SERVING_MESSAGES = {
     "ModelSpec": [("name", 1, "string"), ("signature_name", 3, "string")],
     "PredictRequest": [
