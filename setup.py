@@ -39,14 +39,20 @@ setup(
         "gpu": [f"tensorflow[and-cuda]>={TF_VERSION}", "tensorboard"],
         "export": ["ai-edge-litert"],
         "viz": ["matplotlib"],
-        "weights": ["safetensors"],
-        "hub": ["huggingface_hub", "safetensors"],
+        # safetensors >= 0.8 returns BF16 tensors as numpy bfloat16 arrays.
+        "weights": ["safetensors>=0.8"],
+        "hub": ["huggingface_hub", "safetensors>=0.8"],
         "test": [
             "pytest",
             "pytest-xdist",
             "ai-edge-litert",
             "matplotlib",
-            "safetensors",
+            "safetensors>=0.8",
+            # tensorflow-serving-api pins the full tensorflow package, so it
+            # cannot be listed here without pulling a second TensorFlow; the
+            # tests need only its protos. .ci/run and the README's test
+            # command install it with `pip install --no-deps
+            # tensorflow-serving-api`.
             "ruff",
             "import-linter",
         ],

@@ -7,7 +7,7 @@ the repository (never in the project's own environment):
 
     python -m venv /work/venv-timm
     /work/venv-timm/bin/pip install torch==2.14.1 torchvision==0.29.1 \
-        timm transformers safetensors numpy
+        timm transformers safetensors numpy pillow scikit-learn
     /work/venv-timm/bin/python scripts/make_fixtures.py
 
 Every parameter of every model is overwritten with seeded random values
@@ -37,6 +37,22 @@ computes for them. Fixtures:
   expected values are its `pooler_output`.
 - `hf_deit/`: a small `transformers.DeiTForImageClassificationWithTeacher`
   (distillation token, class and distillation heads averaged).
+- `timm_vit_reg/`: timm's `vit_base_patch16_reg4_gap_256` layout (four
+  register tokens, no class token, mean pooling with fc_norm) at small dims;
+  `timm.json` holds timm's parameter count.
+- `timm_vit_map/`: timm's SigLIP image tower `vit_base_patch16_siglip_224`
+  layout (MAP head: `AttentionPoolLatent`) with a 5-class head, small dims;
+  `timm.json` holds timm's parameter count.
+- `big_vision_map/`: a big_vision `.npz` with a `MAPHead_0`, read by timm's
+  own `.npz` reader into the SigLIP layout for the expected logits.
+- `timm_deit_china/`: a DeiT-style timm model (ImageNet mean / std, bicubic,
+  crop 0.875, 64x64, ten named classes) and, in `china.npz`, what timm's own
+  data config and eval transforms make of scikit-learn's `china.jpg`
+  (`input`, NHWC) and the logits of the model on it (`logits`).
+- `hf_vit_china/`: a small `transformers.ViTForImageClassification` with ten
+  named classes and a DeiT-style image processor (squash to 73x73 bicubic,
+  centre crop 64, ImageNet mean / std) in `preprocessor_config.json`;
+  `china.npz` holds the processor's `input` for `china.jpg` and the logits.
 - `augreg_vit/`: an AugReg / vit_jax `.npz` (per-block names, class token),
   loaded into timm by timm's own `.npz` reader for the expected logits.
 - `big_vision_vit/`: a big_vision `.npz` (`params/` prefix, scanned blocks
@@ -419,6 +435,14 @@ def large_r50(folder: Path) -> None:
     save_for_hf(model, str(folder), safe_serialization=True)
 
 
+def whole_model_fixtures() -> dict:
+    """Register, MAP and preprocessing fixtures (scripts/fixtures_whole.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import fixtures_whole
+
+    return fixtures_whole.BUILDERS
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--large"]:
         if len(argv) != 2:
@@ -435,6 +459,7 @@ def main(argv: list[str]) -> None:
         "hf_vit": hf_vit,
         "hf_vit_model": hf_vit_model,
         "hf_deit": hf_deit,
+        **whole_model_fixtures(),
         "augreg_vit": partial(jax_npz, big_vision=False),
         "big_vision_vit": partial(jax_npz, big_vision=True),
     }

@@ -29,9 +29,8 @@ from helpers import (
     run_python,
 )
 from PIL import Image
-from tensorflow.core.framework import tensor_pb2
+from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-from keras_vit.deploy import serving
 from keras_vit.deploy.export import export_model, predict
 
 GOLDEN = Path(__file__).parent / "golden" / "saved_model_cli_show.txt"
@@ -306,59 +305,39 @@ def test_metadata_and_assets(exported):
         assert on_disk["files"][name] == (root / name).stat().st_size
 
 
-def _walk_fields(data: bytes) -> list[tuple[int, int, bytes | int]]:
-    """Top-level (field number, wire type, value) of a protobuf message,
-    parsed from the wire format by hand (independent of our descriptors)."""
-
-    def varint(pos):
-        value = shift = 0
-        while True:
-            byte = data[pos]
-            value |= (byte & 0x7F) << shift
-            pos += 1
-            shift += 7
-            if not byte & 0x80:
-                return value, pos
-
-    fields, pos = [], 0
-    while pos < len(data):
-        key, pos = varint(pos)
-        number, wire = key >> 3, key & 7
-        assert wire in (0, 2), wire
-        if wire == 0:
-            value, pos = varint(pos)
-        else:
-            length, pos = varint(pos)
-            value, pos = data[pos : pos + length], pos + length
-        fields.append((number, wire, value))
-    return fields
-
-
 def test_warmup_requests_are_prediction_logs_that_run(exported, signatures):
+    """Read with TF Serving's own protos (tensorflow-serving-api), as the
+    model server reads the file at load time."""
     path = exported[0] / "digits" / "1" / "assets.extra" / "tf_serving_warmup_requests"
     records = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
     assert len(records) == 2
-    classes = serving._serving_message_classes()
     by_name = dict(zip(("serving_default", "classify_images"), signatures, strict=True))
+    seen = set()
     for record in records:
-        # PredictionLog.predict_log = 6 -> PredictLog.request = 1 ->
-        # PredictRequest {model_spec = 1 {name = 1, signature_name = 3},
-        # inputs = 2 (map entries key = 1, value = 2 TensorProto)}.
-        ((number, _, predict_log),) = _walk_fields(record)
-        assert number == 6
-        ((number, _, request),) = _walk_fields(predict_log)
-        assert number == 1
-        request_fields = _walk_fields(request)
-        assert [f[0] for f in request_fields] == [1, 2]
-        spec = dict((n, v) for n, _, v in _walk_fields(request_fields[0][2]))
-        assert spec[1] == b"digits"
-        signature = spec[3].decode()
-        entry = dict((n, v) for n, _, v in _walk_fields(request_fields[1][2]))
-        tensor = tf.make_ndarray(tensor_pb2.TensorProto.FromString(entry[2]))
-        log = classes["PredictionLog"].FromString(record)
-        assert log.predict_log.request.model_spec.signature_name == signature
-        outputs = by_name[signature](**{entry[1].decode(): tf.constant(tensor)})
+        log = prediction_log_pb2.PredictionLog.FromString(record)
+        assert log.WhichOneof("log_type") == "predict_log"
+        request = log.predict_log.request
+        assert request.model_spec.name == "digits"
+        signature = request.model_spec.signature_name
+        seen.add(signature)
+        (key,) = request.inputs
+        # Nothing the official messages do not know: rebuilt from the parsed
+        # fields, they serialise to the very same bytes.
+        rebuilt = prediction_log_pb2.PredictionLog(
+            predict_log=prediction_log_pb2.PredictLog(
+                request=predict_pb2.PredictRequest(
+                    model_spec=model_pb2.ModelSpec(
+                        name="digits", signature_name=signature
+                    ),
+                    inputs={key: request.inputs[key]},
+                )
+            )
+        )
+        assert rebuilt.SerializeToString(deterministic=True) == record
+        tensor = tf.make_ndarray(request.inputs[key])
+        outputs = by_name[signature](**{key: tf.constant(tensor)})
         assert outputs["probabilities"].shape[0] == 1
+    assert seen == {"serving_default", "classify_images"}
 
 
 def test_predict_reads_every_format(exported, tmp_path):

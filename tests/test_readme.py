@@ -88,13 +88,18 @@ def test_setup_commands_are_the_ones_ci_and_the_recipe_use():
     assert (block_id, language) == ("top-1-bash", "bash")
     main_job, test_job = code.strip().splitlines()
     assert main_job == 'pip install -e ".[cpu,export]" && python recipes/train.py'
-    assert test_job == 'pip install -e ".[cpu,test]" && python -m pytest'
+    assert test_job == (
+        'pip install -e ".[cpu,test]" && pip install --no-deps '
+        "tensorflow-serving-api && python -m pytest"
+    )
     # CI runs the test command, step by step, with the lint and import-layer
-    # checks between its install and its pytest.
+    # checks between its installs and its pytest.
     ci = [without_quiet(c) for c in ci_commands()]
-    install, pytest_run = (without_quiet(part) for part in test_job.split(" && "))
-    assert ci[0] == install and ci[-1] == pytest_run
-    assert [c[:2] for c in ci[1:-1]] == [
+    install, serving_api, pytest_run = (
+        without_quiet(part) for part in test_job.split(" && ")
+    )
+    assert ci[0] == install and ci[1] == serving_api and ci[-1] == pytest_run
+    assert [c[:2] for c in ci[2:-1]] == [
         ["ruff", "check"],
         ["ruff", "format"],
         ["lint-imports"],

@@ -176,7 +176,9 @@ def test_new_head_or_no_head_for_fine_tuning(tmp_path):
 def test_out_path_writes_a_keras_file_that_loads(tmp_path):
     out = tmp_path / "models" / "r26.keras"
     model = convert_checkpoint(FIXTURES / "timm_vit_r26", out, norm_groups=8)
-    assert sorted(p.name for p in out.parent.iterdir()) == ["r26.keras"]
+    # The model and its metadata.json (in r26/), no temporary file left.
+    assert sorted(p.name for p in out.parent.iterdir()) == ["r26", "r26.keras"]
+    assert sorted(p.name for p in (out.parent / "r26").iterdir()) == ["metadata.json"]
     reloaded = keras.saving.load_model(out, safe_mode=True)
     x, _ = parity("timm_vit_r26")
     np.testing.assert_allclose(reloaded(x), model(x), atol=1e-6)
@@ -203,16 +205,22 @@ def assert_refused(src, error, match, tmp_path, **kwargs):
 
 def test_unknown_tensor_names_are_refused(tmp_path):
     def edit(t):
-        t["blocks.0.attn.q_norm.weight"] = np.ones(16, "float32")
+        t["blocks.0.attn.extra.weight"] = np.ones(16, "float32")
 
     folder = edited_safetensors(tmp_path, edit)
     assert_refused(
         folder,
         CheckpointError,
         r"nothing was loaded(.|\n)*unknown tensor\(s\) not used by the model: "
-        r"\['blocks.0.attn.q_norm.weight'\]",
+        r"\['blocks.0.attn.extra.weight'\]",
         tmp_path,
     )
+    # A known feature keras_vit lacks is named (tests/test_pretrained_whole.py).
+    folder = edited_safetensors(
+        tmp_path / "qk",
+        lambda t: t.update({"blocks.0.attn.q_norm.weight": np.ones(16, "float32")}),
+    )
+    assert_refused(folder, CheckpointError, r"QK-norm", tmp_path)
 
 
 def test_wrong_shapes_are_refused(tmp_path):
@@ -390,6 +398,7 @@ def test_download_by_name_checks_sha256_and_converts(tmp_path, monkeypatch):
     assert calls == [
         ("someone/vit-tiny", "model.safetensors", "v1"),
         ("someone/vit-tiny", "config.json", "v1"),
+        ("someone/vit-tiny", "preprocessor_config.json", "v1"),
     ]
     # timm's Hub ids carry a dotted tag; they are ids, not file names.
     hub, calls = fake_hub(tmp_path, FIXTURES / "timm_vit_avg")

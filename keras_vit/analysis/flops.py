@@ -26,6 +26,7 @@ from keras_vit.models.layers import (
     PatchEncoder,
     TransformerBlock,
 )
+from keras_vit.models.pooling import MAPHead
 from keras_vit.models.vit import image_hw, parse_variant
 
 
@@ -46,11 +47,41 @@ def _block_macs(tokens: int, hidden_dim: int, mlp_dim: int) -> int:
     return _attention_macs(tokens, hidden_dim) + _mlp_macs(tokens, hidden_dim, mlp_dim)
 
 
+def _map_head_macs(tokens: int, hidden_dim: int, mlp_dim: int) -> int:
+    # Probe query, fused key/value, probe @ k^T, probs @ v, output
+    # projection, MLP on the one pooled vector.
+    return (
+        hidden_dim * hidden_dim
+        + tokens * hidden_dim * 2 * hidden_dim
+        + 2 * tokens * hidden_dim
+        + hidden_dim * hidden_dim
+        + _mlp_macs(1, hidden_dim, mlp_dim)
+    )
+
+
+def _map_head_parameters(hidden_dim: int, mlp_dim: int, qkv_bias: bool) -> int:
+    d, m = hidden_dim, mlp_dim
+    return (
+        d  # probe
+        + 3 * d * d
+        + (3 * d if qkv_bias else 0)
+        + d * d
+        + d
+        + 2 * d  # LayerNorm
+        + d * m
+        + m
+        + m * d
+        + d
+    )
+
+
 def _layer_macs(layer, input_shape, output_shape) -> int | None:
     """MACs of one call for one example, or None for a layer this module
     does not know how to count."""
     if isinstance(layer, TransformerBlock):
         return _block_macs(input_shape[1], input_shape[2], layer.mlp_dim)
+    if isinstance(layer, MAPHead):
+        return _map_head_macs(input_shape[1], input_shape[2], layer.mlp_dim)
     if isinstance(layer, MultiHeadSelfAttention):
         return _attention_macs(input_shape[1], input_shape[2])
     if isinstance(layer, MLP):
@@ -169,7 +200,8 @@ def _vit_shape(variant, image_size, num_channels, overrides, options):
     distilled = bool(options.get("distilled", False))
     class_token = options.get("class_token")
     if class_token is None:
-        class_token = options.get("pooling", "token") != "gap" or distilled
+        class_token = options.get("pooling", "token") not in ("gap", "map")
+        class_token = class_token or distilled
     prefix = int(bool(class_token)) + int(distilled)
     return arch, (height // p) * (width // p), p * p * num_channels, prefix
 
@@ -184,6 +216,7 @@ _COUNTED_OPTIONS = {
     "patch_norm",
     "qkv_bias",
     "layer_scale_init",
+    "num_register_tokens",
 }
 # Options that change no weight and no product.
 _NEUTRAL_OPTIONS = {
@@ -238,7 +271,8 @@ def vit_parameter_count(
         variant, image_size, num_channels, overrides, options
     )
     d, m = arch["hidden_dim"], arch["mlp_dim"]
-    total = patch_dim * d + d + prefix * d
+    registers = options.get("num_register_tokens", 0)
+    total = patch_dim * d + d + (prefix + registers) * d
     if options.get("patch_norm", False):
         total += 2 * patch_dim + 2 * d
     learned = options.get("position_embedding", "learned") == "learned"
@@ -258,6 +292,8 @@ def vit_parameter_count(
     if options.get("layer_scale_init") is not None:
         block += 2 * d
     total += arch["num_layers"] * block + 2 * d
+    if options.get("pooling") == "map":
+        total += _map_head_parameters(d, m, options.get("qkv_bias", True))
     features = d
     representation = options.get("representation_size")
     if representation:
@@ -295,9 +331,11 @@ def vit_macs(
         variant, image_size, num_channels, overrides, options
     )
     d = arch["hidden_dim"]
-    tokens = prefix + num_patches
+    tokens = prefix + options.get("num_register_tokens", 0) + num_patches
     total = num_patches * patch_dim * d
     total += arch["num_layers"] * _block_macs(tokens, d, arch["mlp_dim"])
+    if options.get("pooling") == "map":
+        total += _map_head_macs(tokens, d, arch["mlp_dim"])
     features = d
     representation = options.get("representation_size")
     pooled = 2 if options.get("distilled", False) else 1

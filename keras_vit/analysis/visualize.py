@@ -128,12 +128,26 @@ def grid_size(model: keras.Model) -> tuple[int, int]:
     return encoder._resolve_grid(num_patches)
 
 
-def _patch_rows(scores: np.ndarray, prefix: int) -> np.ndarray:
+def _patch_rows(scores: np.ndarray, prefix: int, class_token: bool) -> np.ndarray:
     """What the image is pooled from: the class token's attention over the
-    patches, or (no class token, GAP models) the mean over patch queries."""
-    if prefix:
+    patches, or (no class token: GAP, MAP) the mean over patch queries.
+    Prefix tokens (registers too, as in Darcet et al. 2024) are left out."""
+    if class_token:
         return scores[..., 0, prefix:]
     return scores[..., prefix:, prefix:].mean(axis=-2)
+
+
+def _without_registers(matrix: np.ndarray, encoder) -> np.ndarray:
+    """A `(tokens, tokens)` attention matrix without the register tokens'
+    rows and columns, rows renormalised: rollout then follows only what the
+    class and patch tokens exchange."""
+    start = encoder.num_embedded_prefix_tokens
+    stop = start + encoder.num_register_tokens
+    if stop == start:
+        return matrix
+    keep = np.r_[0:start, stop : len(matrix)]
+    matrix = matrix[np.ix_(keep, keep)]
+    return matrix / matrix.sum(axis=-1, keepdims=True)
 
 
 def attention_maps(
@@ -166,7 +180,7 @@ def attention_maps(
             f"blocks; valid: {-len(blocks)}..{len(blocks) - 1}."
         )
     scores = attention_scores(model, batch)[block][0]
-    maps = _patch_rows(scores, encoder.num_prefix_tokens)
+    maps = _patch_rows(scores, encoder.num_prefix_tokens, encoder.class_token)
     maps = maps.reshape(len(maps), *grid_size(model))
     if save_to is not None:
         index = block % len(blocks)
@@ -186,7 +200,9 @@ def attention_rollout(
     the residual connection and rows are renormalised; the blocks' matrices
     are multiplied from the first to the last. The result is the class
     token's row over the patches (for a model without class token, the mean
-    of the patch rows), normalised to sum to 1.
+    of the patch rows), normalised to sum to 1. Register tokens' rows and
+    columns are removed from each block's matrix first (renormalised), so
+    the rollout follows only the class and patch tokens.
 
     Returns:
         `(rows, cols)` float64 summing to 1.
@@ -199,11 +215,14 @@ def attention_rollout(
     encoder, _ = _encoder_layers(model)
     rollout = None
     for scores in attention_scores(model, batch):
-        mixed = scores[0].astype("float64").mean(axis=0)
+        mixed = _without_registers(scores[0].astype("float64").mean(axis=0), encoder)
         mixed = mixed + np.eye(len(mixed))
         mixed = mixed / mixed.sum(axis=-1, keepdims=True)
         rollout = mixed if rollout is None else mixed @ rollout
-    result = _patch_rows(rollout, encoder.num_prefix_tokens)
+    # Registers are no longer in the rollout matrix.
+    result = _patch_rows(
+        rollout, encoder.num_embedded_prefix_tokens, encoder.class_token
+    )
     result = (result / result.sum()).reshape(grid_size(model))
     if save_to is not None:
         _save_overlays(

@@ -81,6 +81,9 @@ def cmd_evaluate(args) -> int:
         std=tuple(preprocessing["std"]),
         pixel_scale=preprocessing["pixel_scale"],
         resize_method=preprocessing["resize_method"],
+        # A converted checkpoint's centre crop (its metadata.json); the
+        # pipeline scales both sides, without PIL's antialiasing.
+        eval_crop=preprocessing.get("crop_fraction", 1.0),
     )
     dataset = data_lib.make_eval_dataset(config, (height, width), args.batch_size)
     labels = model_metadata(args.model).get("labels")
@@ -141,9 +144,13 @@ def cmd_predict(args) -> int:
     from keras_vit.deploy import export
 
     existing_path(args.model, "model")
-    results = export.predict(args.model, args.images, top_k=args.top_k, verbose=True)
+    output = "logits" if args.logits else "probabilities"
+    results = export.predict(
+        args.model, args.images, top_k=args.top_k, output=output, verbose=True
+    )
+    digits = 6 if args.logits else 4
     for image, top in zip(args.images, results, strict=True):
-        ranked = ", ".join(f"{label} {probability:.4f}" for label, probability in top)
+        ranked = ", ".join(f"{label} {value:.{digits}f}" for label, value in top)
         print(f"{image}: {ranked}")
     return 0
 

@@ -134,6 +134,11 @@ def _add_predict(command) -> None:
     predict.add_argument("model", help="SavedModel folder, .tflite or .keras")
     predict.add_argument("images", nargs="+", help="image files")
     predict.add_argument("--top-k", type=int, default=5)
+    predict.add_argument(
+        "--logits",
+        action="store_true",
+        help="print the model's logits instead of softmax probabilities",
+    )
 
 
 def _add_convert(command) -> None:

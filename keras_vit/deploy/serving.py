@@ -47,7 +47,8 @@ def ends_in_softmax(model: keras.Model) -> bool:
 # .proto) are not in the tensorflow wheel and tensorflow-serving-api pins the
 # full tensorflow package, so the few messages a warm-up file needs are declared
 # here with the upstream field numbers, in a private descriptor pool (no clash
-# if tensorflow_serving is imported too). Fields not written are left out.
+# if tensorflow_serving is imported too). Fields not written are left out;
+# tests/test_export.py reads the file back with the official protos.
 _SERVING_MESSAGES = {
     "ModelSpec": [("name", 1, "string"), ("signature_name", 3, "string")],
     "PredictRequest": [
@@ -193,8 +194,10 @@ def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
         pixels = _to_pixels(item, preprocessing)
         if not np.all(np.isfinite(pixels)):
             raise ValueError(f"image {index} holds NaN or Inf pixels.")
-        if list(pixels.shape[:2]) != preprocessing["image_size"]:
-            pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
+        # Always through resize_pixels: it passes an image at the model size
+        # through unless the preprocessing crops (then that image is resized
+        # and cropped too, as its source library does).
+        pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
         batch.append(pixels)
     return np.stack(batch).astype("float32")
 
@@ -258,6 +261,7 @@ def predict(
     metadata=None,
     jit_compile: bool | str = "auto",
     verbose: bool = False,
+    output: str = "probabilities",
 ) -> list[list[tuple[str, float]]]:
     """Top-k `(label, probability)` pairs per image, best first.
 
@@ -274,7 +278,11 @@ def predict(
             (keras_vit.hardware's choice for the model's size and this
             machine). SavedModel and TFLite graphs run as exported.
         verbose: print the `"auto"` choice to stderr.
+        output: `"probabilities"` or `"logits"` (the model's own scores, for
+            a model that does not end in softmax): what the pairs hold.
     """
+    if output not in ("probabilities", "logits"):
+        raise ValueError(f"output must be 'probabilities' or 'logits', got {output!r}.")
     path = Path(model_path)
     if not path.exists():
         raise FileNotFoundError(f"model {str(model_path)!r} does not exist")
@@ -301,11 +309,11 @@ def predict(
     pixels = load_pixels(images_or_paths, metadata["preprocessing"])
     if path.is_dir():
         signature = tf.saved_model.load(str(path)).signatures["serving_default"]
-        probabilities = signature(pixels=tf.constant(pixels))["probabilities"]
+        outputs = signature(pixels=tf.constant(pixels))
     elif path.suffix == ".tflite":
         from keras_vit.deploy.tflite import Runner
 
-        probabilities = Runner(path)(pixels)["probabilities"]
+        outputs = Runner(path)(pixels)
     else:
         import keras_vit.models  # noqa: F401  registers the layers for loading
 
@@ -323,8 +331,14 @@ def predict(
         scores = model.predict(
             normalize_pixels(pixels, metadata["preprocessing"]), verbose=0
         )
-        probabilities = scores if ends_in_softmax(model) else tf.nn.softmax(scores)
-    probabilities = np.asarray(probabilities)
+        outputs = {"probabilities": scores}
+        if not ends_in_softmax(model):
+            outputs = {"logits": scores, "probabilities": tf.nn.softmax(scores)}
+    if output not in outputs:
+        raise ValueError(
+            f"{str(model_path)!r} gives no {output} (it returns {sorted(outputs)})."
+        )
+    probabilities = np.asarray(outputs[output])
     k = min(top_k, len(labels))
     order = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]
     return [

@@ -11,6 +11,7 @@ from keras_vit.models.blocks import (
 )
 from keras_vit.models.hybrid import HybridViT, StdConv2D
 from keras_vit.models.layers import PatchEncoder, Patches, TokenPooling
+from keras_vit.models.pooling import MAPHead
 from keras_vit.models.resolution import resample_position_embedding, with_image_size
 from keras_vit.models.vit import (
     ARCHITECTURE_KEYS,
@@ -28,6 +29,7 @@ __all__ = [
     "DropPath",
     "HybridViT",
     "LayerScale",
+    "MAPHead",
     "MultiHeadSelfAttention",
     "PatchEncoder",
     "Patches",

@@ -132,6 +132,11 @@ class PatchEncoder(keras.layers.Layer):
         class_token: bool, prepend a learned class token.
         distillation_token: bool, prepend a learned DeiT distillation token
             (after the class token).
+        num_register_tokens: int, learned register tokens after the class
+            and distillation tokens ("Vision Transformers Need Registers",
+            Darcet et al. 2024). As in that paper and DINOv2 they get no
+            position embedding; they are prefix tokens, so pooling skips
+            them and nothing reads them out.
         position_embedding: `"learned"` (1-D, truncated normal with stddev
             0.02, covering the prefix tokens too) or `"sincos"` (fixed 2-D
             sine-cosine on the patch tokens; prefix tokens get none).
@@ -160,9 +165,20 @@ class PatchEncoder(keras.layers.Layer):
         patch_norm: bool = False,
         dropout_rate: float = 0.0,
         layer_norm_epsilon: float = 1e-6,
+        num_register_tokens: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if (
+            isinstance(num_register_tokens, bool)
+            or not isinstance(num_register_tokens, int)
+            or num_register_tokens < 0
+        ):
+            raise ValueError(
+                "`num_register_tokens` must be an int >= 0, got "
+                f"{num_register_tokens!r}."
+            )
+        self.num_register_tokens = num_register_tokens
         if position_embedding not in ("learned", "sincos"):
             raise ValueError(
                 "`position_embedding` must be 'learned' or 'sincos', got "
@@ -190,6 +206,13 @@ class PatchEncoder(keras.layers.Layer):
 
     @property
     def num_prefix_tokens(self) -> int:
+        """Every token in front of the patches, registers included."""
+        return self.num_embedded_prefix_tokens + self.num_register_tokens
+
+    @property
+    def num_embedded_prefix_tokens(self) -> int:
+        """Class and distillation tokens: the prefix rows of a learned
+        position table."""
         return int(self.class_token) + int(self.distillation_token)
 
     def _resolve_grid(self, num_patches: int) -> tuple[int, int]:
@@ -226,9 +249,19 @@ class PatchEncoder(keras.layers.Layer):
                 initializer=keras.initializers.TruncatedNormal(stddev=0.02),
                 name="dist_token",
             )
+        if self.num_register_tokens:
+            self.register_tokens = self.add_weight(
+                shape=(1, self.num_register_tokens, self.hidden_dim),
+                initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+                name="register_tokens",
+            )
         if self.position_embedding == "learned":
             self.pos_embedding = self.add_weight(
-                shape=(1, self.num_prefix_tokens + num_patches, self.hidden_dim),
+                shape=(
+                    1,
+                    self.num_embedded_prefix_tokens + num_patches,
+                    self.hidden_dim,
+                ),
                 initializer=keras.initializers.TruncatedNormal(stddev=0.02),
                 name="pos_embedding",
             )
@@ -260,11 +293,19 @@ class PatchEncoder(keras.layers.Layer):
         if prefix:
             tokens = ops.cast(ops.concatenate(prefix, axis=1), x.dtype)
             tokens = ops.broadcast_to(
-                tokens, (batch, self.num_prefix_tokens, self.hidden_dim)
+                tokens, (batch, self.num_embedded_prefix_tokens, self.hidden_dim)
             )
             x = ops.concatenate([tokens, x], axis=1)
         if self.position_embedding == "learned":
             x = x + pos
+        if self.num_register_tokens:
+            # After the position embedding: registers carry none.
+            registers = ops.broadcast_to(
+                ops.cast(self.register_tokens, x.dtype),
+                (batch, self.num_register_tokens, self.hidden_dim),
+            )
+            embedded = self.num_embedded_prefix_tokens
+            x = ops.concatenate([x[:, :embedded], registers, x[:, embedded:]], axis=1)
         return self.embedding_dropout(x, training=training)
 
     def compute_output_shape(self, input_shape):
@@ -285,6 +326,7 @@ class PatchEncoder(keras.layers.Layer):
             "patch_norm": self.patch_norm,
             "dropout_rate": self.dropout_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "num_register_tokens": self.num_register_tokens,
         }
 
 

@@ -6,9 +6,18 @@ model sees `(pixels / pixel_scale - mean) / std` at `image_size`. Images of
 another size are resized first with `resize_method` (`tf.image.resize`, no
 antialiasing), the same call in training and serving. The dict that carries
 these constants is recorded in every `metadata.json` the package writes.
+
+Converted checkpoints bring the resize of the library they were trained in
+(timm, Hugging Face: PIL): `antialias` resizes as PIL does an 8-bit image
+(antialiased, width then height, each pass rounded to whole pixel values),
+`keep_aspect_ratio` scales the shorter side (torchvision's `Resize(int)`)
+instead of both, and `crop_fraction < 1` resizes to `image_size /
+crop_fraction` and takes the centre `image_size` crop (timm's `crop_pct`).
 """
 
 from __future__ import annotations
+
+import math
 
 import keras
 import numpy as np
@@ -23,6 +32,9 @@ PREPROCESSING_KEYS = (
     "std",
     "pixel_scale",
     "resize_method",
+    "crop_fraction",
+    "keep_aspect_ratio",
+    "antialias",
 )
 # Every method `tf.image.resize` takes; the data pipeline and the serving
 # graph both resize with it.
@@ -34,8 +46,10 @@ def normalize_preprocessing(model: keras.Model, preprocessing: dict | None) -> d
 
     Keys: `image_size` (h, w), `num_channels` (alias `channels`), `mean` and
     `std` (one value per channel, or one for all), `pixel_scale` (255: clients
-    send 0..255) and `resize_method` (for the bytes signature). Defaults: the
-    model's input size and channels, mean 0, std 1, pixel_scale 255, bilinear.
+    send 0..255), `resize_method` (for the bytes signature), `crop_fraction`,
+    `keep_aspect_ratio` and `antialias` (see the module docstring). Defaults:
+    the model's input size and channels, mean 0, std 1, pixel_scale 255,
+    bilinear, no crop, both sides scaled, no antialiasing.
     """
     height, width, channels = (int(d) for d in model.inputs[0].shape[1:])
     given = dict(preprocessing or {})
@@ -82,6 +96,31 @@ def normalize_preprocessing(model: keras.Model, preprocessing: dict | None) -> d
             f"preprocessing resize_method {method!r} is not one of {RESIZE_METHODS}."
         )
     result["resize_method"] = method
+    crop = given.get("crop_fraction", 1.0)
+    if isinstance(crop, bool) or not isinstance(crop, int | float) or not 0 < crop <= 1:
+        raise ValueError(
+            f"preprocessing crop_fraction must be a number in (0, 1], got {crop!r}."
+        )
+    for key in ("keep_aspect_ratio", "antialias"):
+        flag = given.get(key, False)
+        if not isinstance(flag, bool):
+            raise ValueError(
+                f"preprocessing {key} must be true or false, got {flag!r}."
+            )
+    return _with_resize_keys(
+        result, crop, given.get("keep_aspect_ratio"), given.get("antialias")
+    )
+
+
+def _with_resize_keys(result: dict, crop_fraction, keep_aspect_ratio, antialias):
+    """Adds the resize keys that differ from the defaults: the metadata of a
+    model trained here stays as it was, older files read as before."""
+    if crop_fraction is not None and float(crop_fraction) != 1.0:
+        result["crop_fraction"] = float(crop_fraction)
+    if keep_aspect_ratio:
+        result["keep_aspect_ratio"] = True
+    if antialias:
+        result["antialias"] = True
     return result
 
 
@@ -94,11 +133,20 @@ def normalize_pixels(pixels, preprocessing: dict):
 
 
 def resize_pixels(pixels, preprocessing: dict):
-    """Resizes a `(batch, h, w, c)` pixel batch to the model size as the training
-    pipeline does (`tf.image.resize` with `resize_method`, no antialiasing);
-    an image already at the model size is passed through untouched."""
+    """Resizes a `(batch, h, w, c)` pixel batch to the model size as the
+    preprocessing says. With the defaults, as the training pipeline does
+    (`tf.image.resize` with `resize_method`, no antialiasing), and an image
+    already at the model size is passed through untouched; with `antialias`,
+    `keep_aspect_ratio` or `crop_fraction < 1`, as timm / torchvision or
+    Hugging Face resize with PIL (see the module docstring)."""
     pixels = tf.convert_to_tensor(pixels, tf.float32)
     size = preprocessing["image_size"]
+    if (
+        preprocessing.get("crop_fraction", 1.0) < 1.0
+        or preprocessing.get("keep_aspect_ratio", False)
+        or preprocessing.get("antialias", False)
+    ):
+        return _resize_and_crop(pixels, preprocessing)
     same_size = tf.reduce_all(tf.equal(tf.shape(pixels)[1:3], size))
     return tf.cond(
         same_size,
@@ -110,6 +158,58 @@ def resize_pixels(pixels, preprocessing: dict):
     )
 
 
+def _scaled_size(height, width, preprocessing: dict):
+    """The size before the centre crop, as timm's eval transform computes it."""
+    target_h, target_w = preprocessing["image_size"]
+    crop = preprocessing.get("crop_fraction", 1.0)
+    # floor(size / crop) as timm; the epsilon keeps a fraction derived from
+    # two integers (Hugging Face's 224 / 256) from landing just below them.
+    scaled_h = math.floor(target_h / crop + 1e-6)
+    scaled_w = math.floor(target_w / crop + 1e-6)
+    if not preprocessing.get("keep_aspect_ratio", False):
+        return tf.constant(scaled_h), tf.constant(scaled_w)
+    height, width = tf.cast(height, tf.float64), tf.cast(width, tf.float64)
+    if scaled_h == scaled_w:
+        # torchvision Resize(int): the shorter side becomes `scaled`, the
+        # longer one int(scaled * long / short).
+        short, long_ = tf.minimum(height, width), tf.maximum(height, width)
+        other = tf.cast(tf.math.floor(scaled_h * long_ / short), tf.int32)
+        portrait = height > width
+        return (
+            tf.where(portrait, other, scaled_h),
+            tf.where(portrait, scaled_w, other),
+        )
+    # timm's ResizeKeepRatio: the side that needs the smaller scale fits.
+    ratio = tf.minimum(height / scaled_h, width / scaled_w)
+    return (
+        tf.cast(tf.round(height / ratio), tf.int32),
+        tf.cast(tf.round(width / ratio), tf.int32),
+    )
+
+
+def _resize_and_crop(pixels, preprocessing: dict):
+    shape = tf.shape(pixels)
+    new_h, new_w = _scaled_size(shape[1], shape[2], preprocessing)
+    method = preprocessing["resize_method"]
+    if preprocessing.get("antialias", False):
+        # PIL resizes an 8-bit image width first, then height, and stores
+        # each pass as whole pixel values: the same rounding here.
+        step = np.float32(preprocessing["pixel_scale"] / 255.0)
+
+        def whole(x):
+            return tf.clip_by_value(tf.round(x / step), 0.0, 255.0) * step
+
+        x = whole(tf.image.resize(pixels, (shape[1], new_w), method, antialias=True))
+        x = whole(tf.image.resize(x, (new_h, new_w), method, antialias=True))
+    else:
+        x = tf.cast(tf.image.resize(pixels, (new_h, new_w), method), tf.float32)
+    target_h, target_w = preprocessing["image_size"]
+    # torchvision's CenterCrop offset: round((size - crop) / 2), half to even.
+    top = tf.cast(tf.round(tf.cast(new_h - target_h, tf.float32) / 2), tf.int32)
+    left = tf.cast(tf.round(tf.cast(new_w - target_w, tf.float32) / 2), tf.int32)
+    return x[:, top : top + target_h, left : left + target_w, :]
+
+
 def preprocessing_dict(
     image_size,
     num_channels: int,
@@ -117,10 +217,13 @@ def preprocessing_dict(
     std,
     pixel_scale: float = 255.0,
     resize_method: str = "bilinear",
+    crop_fraction: float = 1.0,
+    keep_aspect_ratio: bool = False,
+    antialias: bool = False,
 ) -> dict:
     """The contract's dict, as written into metadata.json."""
     height, width = image_hw(image_size)
-    return {
+    result = {
         "image_size": [height, width],
         "num_channels": int(num_channels),
         "mean": [float(v) for v in np.atleast_1d(mean)],
@@ -128,6 +231,7 @@ def preprocessing_dict(
         "pixel_scale": float(pixel_scale),
         "resize_method": resize_method,
     }
+    return _with_resize_keys(result, crop_fraction, keep_aspect_ratio, antialias)
 
 
 __all__ = [

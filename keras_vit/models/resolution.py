@@ -132,7 +132,7 @@ def with_image_size(
                         weights[i],
                         new_grid,
                         old_grid,
-                        encoder.num_prefix_tokens,
+                        encoder.num_embedded_prefix_tokens,
                         method,
                     )
         elif old_layer.name == "patch_encoder":

@@ -10,6 +10,9 @@ from keras_vit.models.layers import (
     TokenPooling,
     TransformerBlock,
 )
+from keras_vit.models.pooling import MAPHead
+
+POOLING_MODES = ("token", "gap", "map", None)
 
 # One line per size: hidden_dim, num_layers, num_heads, mlp_dim (paper, Table 1;
 # Ti and S from DeiT / timm).
@@ -109,6 +112,7 @@ def build_transformer(
     layer_scale_init: float | None = None,
     layer_norm_epsilon: float = 1e-6,
     classifier_activation: str | None = None,
+    num_register_tokens: int = 0,
     name: str = "vit",
 ) -> keras.Model:
     """Patch embedding, encoder, pooling and head on top of `patches`.
@@ -116,14 +120,16 @@ def build_transformer(
     Shared by `ViT` (pixels cut into patches) and `HybridViT` (a CNN feature
     map cut into 1x1 patches), so both have exactly the same transformer.
     """
-    if pooling not in ("token", "gap", None):
-        raise ValueError(f"`pooling` must be 'token', 'gap' or None, got {pooling!r}.")
+    if pooling not in POOLING_MODES:
+        raise ValueError(
+            f"`pooling` must be 'token', 'gap', 'map' or None, got {pooling!r}."
+        )
     if pooling is None and include_top:
         raise ValueError("`pooling=None` is only valid with `include_top=False`.")
     if include_top and (not isinstance(num_classes, int) or num_classes < 1):
         raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
     if class_token is None:
-        class_token = pooling != "gap" or distilled
+        class_token = pooling not in ("gap", "map") or distilled
     if pooling == "token" and not class_token:
         raise ValueError("`pooling='token'` needs `class_token=True`.")
     if distilled and pooling != "token":
@@ -145,6 +151,7 @@ def build_transformer(
         patch_norm=patch_norm,
         dropout_rate=dropout_rate,
         layer_norm_epsilon=layer_norm_epsilon,
+        num_register_tokens=num_register_tokens,
         name="patch_encoder",
     )
     x = encoder(patches)
@@ -175,7 +182,18 @@ def build_transformer(
     if pooling is None:
         return keras.Model(inputs, x, name=name)
 
-    features = [TokenPooling(pooling, prefix, name="pooling")(x)]
+    if pooling == "map":
+        # Over every token, prefix tokens included, as big_vision and timm do.
+        pool = MAPHead(
+            num_heads,
+            mlp_dim,
+            qkv_bias=qkv_bias,
+            layer_norm_epsilon=layer_norm_epsilon,
+            name="map_head",
+        )
+    else:
+        pool = TokenPooling(pooling, prefix, name="pooling")
+    features = [pool(x)]
     if distilled:
         features.append(TokenPooling("distillation", prefix, name="dist_pooling")(x))
     if pool_norm:
@@ -232,7 +250,10 @@ def ViT(
             variant's table entry.
         name: model name; defaults to e.g. `"vit_b16"`.
         **options: passed to `build_transformer`: `include_top`, `pooling`
-            (`"token"`, `"gap"`, or None for the token sequence without top),
+            (`"token"`, `"gap"`, `"map"` (a learned probe attends over the
+            tokens, `MAPHead`), or None for the token sequence without top),
+            `num_register_tokens` (registers after the class token, no
+            position embedding, skipped by pooling),
             `representation_size` (pre-logits Dense + tanh), `distilled`
             (DeiT class + distillation heads, averaged), `class_token`,
             `position_embedding` (`"learned"` or `"sincos"`), `patch_norm`,

@@ -32,11 +32,7 @@ def big_vision_plan(tensors: dict, config: dict, hints: dict) -> Plan:
             "Hybrid (ResNet + ViT) .npz checkpoints are not supported; convert "
             "timm's safetensors of the same model instead."
         )
-    if any("MAPHead" in k for k in tensors):
-        raise CheckpointError(
-            "big_vision MAP-head pooling is not supported; valid pooling: class "
-            "token or mean (gap)."
-        )
+    map_head = root + "MAPHead_0/probe" in tensors
     kernel = tensors[root + "embedding/kernel"]
     p, q, channels, hidden = kernel.shape
     if p != q:
@@ -92,7 +88,7 @@ def big_vision_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         num_layers=int(num_layers),
         num_heads=int(num_heads),
         mlp_dim=int(mlp_dim),
-        pooling="token" if class_token else "gap",
+        pooling="map" if map_head else ("token" if class_token else "gap"),
         class_token=class_token,
         representation_size=(
             int(tensors[root + "pre_logits/kernel"].shape[-1]) if pre_logits else None
@@ -141,6 +137,8 @@ def big_vision_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         for a, b in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
             plan.add(f"{dst}mlp/{b}/kernel", f"{src}{mlp}/{a}/kernel", pick)
             plan.add(f"{dst}mlp/{b}/bias", f"{src}{mlp}/{a}/bias", pick)
+    if map_head:
+        _add_map_head(plan, root + "MAPHead_0/")
     plan.add("encoder_norm/gamma", root + "Transformer/encoder_norm/scale")
     plan.add("encoder_norm/beta", root + "Transformer/encoder_norm/bias")
     if pre_logits:
@@ -150,3 +148,35 @@ def big_vision_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         plan.add("head/kernel", root + "head/kernel")
         plan.add("head/bias", root + "head/bias")
     return plan
+
+
+def _add_map_head(plan: Plan, src: str) -> None:
+    """big_vision's MAPHead (probe, MultiHeadDotProductAttention_0,
+    LayerNorm_0, MlpBlock_0) as keras_vit's MAPHead."""
+    mha = src + "MultiHeadDotProductAttention_0/"
+    plan.add("map_head/probe", src + "probe", lambda w: w.reshape(1, -1))
+    plan.add(
+        "map_head/query/kernel", mha + "query/kernel", lambda w: w.reshape(len(w), -1)
+    )
+    plan.add("map_head/query/bias", mha + "query/bias", lambda b: b.reshape(-1))
+    plan.add(
+        "map_head/key_value/kernel",
+        [mha + "key/kernel", mha + "value/kernel"],
+        lambda *w: np.concatenate([x.reshape(len(x), -1) for x in w], axis=1),
+    )
+    plan.add(
+        "map_head/key_value/bias",
+        [mha + "key/bias", mha + "value/bias"],
+        lambda *b: np.concatenate([x.reshape(-1) for x in b]),
+    )
+    plan.add(
+        "map_head/proj/kernel",
+        mha + "out/kernel",
+        lambda w: w.reshape(-1, w.shape[-1]),
+    )
+    plan.add("map_head/proj/bias", mha + "out/bias")
+    plan.add("map_head/norm/gamma", src + "LayerNorm_0/scale")
+    plan.add("map_head/norm/beta", src + "LayerNorm_0/bias")
+    for a, b in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
+        plan.add(f"map_head/mlp/{b}/kernel", f"{src}MlpBlock_0/{a}/kernel")
+        plan.add(f"map_head/mlp/{b}/bias", f"{src}MlpBlock_0/{a}/bias")

@@ -17,12 +17,13 @@ import keras
 
 from keras_vit.errors import CheckpointError
 from keras_vit.files import sha256 as file_sha256
-from keras_vit.files import write_atomic
+from keras_vit.files import write_atomic, write_json_atomic
 from keras_vit.models.hybrid import HybridViT
 from keras_vit.models.resolution import resample_position_embedding
 from keras_vit.models.vit import image_hw
 from keras_vit.pretrained.detect import detect_architecture
 from keras_vit.pretrained.layouts import Plan
+from keras_vit.pretrained.metadata import source_metadata
 from keras_vit.pretrained.readers import (
     TORCH_SUFFIXES,
     read_checkpoint,
@@ -86,10 +87,11 @@ def download_checkpoint(
             "access (or the file in the local Hugging Face cache); offline, pass "
             "the path of a local checkpoint instead."
         ) from None
-    try:
-        hub.hf_hub_download(repo_id, "config.json", revision=revision)
-    except Exception:
-        pass  # timm .npz repos and some others have no config; tensors suffice.
+    for extra in ("config.json", "preprocessor_config.json"):
+        try:
+            hub.hf_hub_download(repo_id, extra, revision=revision)
+        except Exception:
+            pass  # timm .npz repos and others lack them; the tensors suffice.
     blob = local.resolve().name
     expected = sha256 or (blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None)
     if expected is None:
@@ -171,7 +173,10 @@ def _values_for(model: keras.Model, plan: Plan, tensors: dict, skip: set[str]) -
         if target == "patch_encoder/pos_embedding" and encoder.grid_size != plan.grid:
             try:
                 value = resample_position_embedding(
-                    value, encoder.grid_size, plan.grid, encoder.num_prefix_tokens
+                    value,
+                    encoder.grid_size,
+                    plan.grid,
+                    encoder.num_embedded_prefix_tokens,
                 )
             except ValueError as error:
                 problems.append(f"{sources[0]} cannot be resampled: {error}")
@@ -224,7 +229,10 @@ def convert_checkpoint(
             `"google/vit-base-patch16-224"`), downloaded when
             `huggingface_hub` is installed and the network allows.
         out_path: where to save the model as `.keras` (written to a
-            temporary file and renamed, so never half-written).
+            temporary file and renamed, so never half-written). The
+            checkpoint's preprocessing and class names go beside it, in
+            `<out_path without .keras>/metadata.json` (the trainer's format,
+            found by `predict`, `evaluate`, `visualize` and `export`).
         image_size: build at this size; the position embedding is resampled
             (bicubic) from the checkpoint's grid.
         num_classes: a new head of this size (zero-initialised, for
@@ -288,6 +296,17 @@ def convert_checkpoint(
             variable.assign(values[variable.path])
     if out_path is not None:
         save_atomically(model, out_path)
+        metadata = source_metadata(
+            model,
+            plan.layout,
+            config,
+            path if path.is_dir() else path.parent,
+            new_head=num_classes is not None and num_classes != plan.num_classes,
+            source=str(src),
+        )
+        folder = Path(out_path).with_suffix("")
+        folder.mkdir(exist_ok=True)
+        write_json_atomic(folder / "metadata.json", metadata)
     return model
 
 

@@ -34,13 +34,16 @@ def detect_architecture(
 
 def _detect(tensors: dict, config: dict, hints: dict) -> Plan:
     if "patch_embed.proj.weight" in tensors:
-        return timm_plan(tensors, config, hints)
+        plan, plan.layout = timm_plan(tensors, config, hints), "timm"
+        return plan
     if any(
         k.endswith("embeddings.patch_embeddings.projection.weight") for k in tensors
     ):
-        return huggingface_plan(tensors, config, hints)
+        plan, plan.layout = huggingface_plan(tensors, config, hints), "huggingface"
+        return plan
     if any(k.endswith("embedding/kernel") for k in tensors):
-        return big_vision_plan(tensors, config, hints)
+        plan, plan.layout = big_vision_plan(tensors, config, hints), "big_vision"
+        return plan
     raise CheckpointError(
         "Unrecognised checkpoint layout (expected timm, Hugging Face ViT or "
         f"AugReg/big_vision names); first tensors: {sorted(tensors)[:5]}."

@@ -17,10 +17,12 @@ from keras_vit.pretrained.layouts import (
     model_name,
     patch_kernel,
     position_rule,
+    refuse_unsupported,
 )
 
 
 def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
+    refuse_unsupported(tensors, "huggingface")
     if config.get("hidden_act", "gelu") != "gelu":
         raise CheckpointError(
             f"hidden_act={config['hidden_act']!r} is not supported; keras_vit's MLP "

@@ -27,6 +27,9 @@ class Plan:
     stride: int
     num_classes: int
     assign: dict[str, tuple[tuple[str, ...], Callable]] = field(default_factory=dict)
+    # "timm", "huggingface" or "big_vision" (AugReg too): where the
+    # preprocessing and labels are read from.
+    layout: str = ""
 
     def add(self, target: str, sources, fn: Callable | None = None) -> None:
         sources = (sources,) if isinstance(sources, str) else tuple(sources)
@@ -127,3 +130,48 @@ def position_rule(covered: bool, prefix: int):
 def model_name(label, default: str) -> str:
     label = re.sub(r"[^0-9A-Za-z_]+", "_", str(label or "")).strip("_")
     return label or default
+
+
+# Tensor-name patterns of architecture features keras_vit's ViT does not
+# have, per layout, so a refusal names the features rather than only listing
+# tensors it could not place.
+UNSUPPORTED_FEATURES = {
+    "timm": (
+        (r"\.(q|k)_norm\.", "QK-norm (LayerNorm on queries and keys)"),
+        (r"mlp\.(fc1_g|fc1_x|w12|w3)\.", "SwiGLU / gated MLP"),
+        (r"mlp\.norm\.", "LayerNorm inside the MLP (scale_mlp_norm)"),
+        (r"attn\.norm\.", "LayerNorm before the attention projection"),
+        (r"attn\.(q_bias|v_bias)$", "separate query / value biases (BEiT)"),
+        (r"^norm_pre\.", "LayerNorm before the encoder (norm_pre, CLIP)"),
+        (r"^patch_embed\.norm\.", "LayerNorm after the patch embedding"),
+        (r"(^|\.)rope(\.|$)|freqs", "rotary position embedding (RoPE)"),
+        (r"^attn_pool\.pos_embed", "position embedding inside the MAP head"),
+        (r"relative_position", "relative position bias"),
+    ),
+    "huggingface": (
+        (r"\.(q|k)_norm\.", "QK-norm (LayerNorm on queries and keys)"),
+        (r"mlp\.weights_in\.|mlp\.(w12|w3)\.", "SwiGLU / gated MLP"),
+        (r"relative_position", "relative position bias"),
+    ),
+}
+
+
+def refuse_unsupported(tensors, layout: str) -> None:
+    """Raises `CheckpointError` naming every unsupported feature found."""
+    found: dict[str, list[str]] = {}
+    for pattern, feature in UNSUPPORTED_FEATURES[layout]:
+        regex = re.compile(pattern)
+        names = sorted(n for n in tensors if regex.search(n))
+        if names:
+            found.setdefault(feature, []).extend(names)
+    if found:
+        listed = "; ".join(
+            f"{feature} ({names[0]}{', ...' if len(names) > 1 else ''})"
+            for feature, names in found.items()
+        )
+        raise CheckpointError(
+            f"This {layout} checkpoint uses {len(found)} feature(s) keras_vit's "
+            f"ViT does not have: {listed}. Supported: class / distillation / "
+            "register tokens, learned or sin-cos position embedding, LayerScale, "
+            "GELU MLP, token / mean / MAP pooling, fc_norm, pre-logits."
+        )

@@ -43,11 +43,10 @@ def _is_torch_file(path: Path, head: bytes) -> bool:
     return False
 
 
-def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
-    return (raw.astype(np.uint32) << 16).view(np.float32)
-
-
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    # ml_dtypes (a Keras dependency) teaches numpy "bfloat16", the dtype in
+    # which safetensors >= 0.8 returns BF16 tensors.
+    import ml_dtypes  # noqa: F401
     from safetensors import safe_open
 
     size = path.stat().st_size
@@ -73,16 +72,8 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     tensors = {}
     try:
         with safe_open(str(path), framework="numpy") as f:
-            for name, meta in header.items():
-                if meta["dtype"] == "BF16":
-                    # numpy has no bfloat16: read the raw 16-bit words.
-                    start, end = meta["data_offsets"]
-                    with open(path, "rb") as raw:
-                        raw.seek(8 + header_len + start)
-                        words = np.frombuffer(raw.read(end - start), dtype="<u2")
-                    tensors[name] = _bf16_to_f32(words).reshape(meta["shape"])
-                else:
-                    tensors[name] = f.get_tensor(name)
+            for name in header:
+                tensors[name] = f.get_tensor(name)
     except CheckpointError:
         raise
     except Exception as error:  # safetensors raises its own error types
@@ -90,6 +81,11 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
             f"{path} is not a valid safetensors file: {error}"
         ) from None
     return tensors
+
+
+def _is_float(dtype) -> bool:
+    # bfloat16 (ml_dtypes) is not a numpy floating subtype.
+    return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -137,7 +133,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
     else:
         raise CheckpointError(f"{path} is empty or too short to be a checkpoint.")
     for name, value in tensors.items():
-        if not np.issubdtype(value.dtype, np.floating):
+        if not _is_float(value.dtype):
             raise CheckpointError(
                 f"Tensor {name!r} in {path} has dtype {value.dtype}; expected floats."
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from keras_vit.errors import CheckpointError
 from keras_vit.models.hybrid import HybridViT
 from keras_vit.models.vit import ViT, image_hw
@@ -15,11 +17,13 @@ from keras_vit.pretrained.layouts import (
     model_name,
     patch_kernel,
     position_rule,
+    refuse_unsupported,
 )
 
 
 def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     args = dict(config.get("model_args") or {})
+    refuse_unsupported(tensors, "timm")
     if args.get("act_layer") not in (None, "gelu"):
         raise CheckpointError(
             f"timm act_layer={args['act_layer']!r} is not supported; keras_vit's "
@@ -42,14 +46,18 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         raise CheckpointError("timm checkpoint without blocks.N.* tensors.")
     class_token = "cls_token" in tensors
     distilled = "dist_token" in tensors
-    prefix = int(class_token) + int(distilled)
+    embedded = int(class_token) + int(distilled)
+    registers = tensors["reg_token"].shape[1] if "reg_token" in tensors else 0
+    prefix = embedded + registers
     fc_norm = "fc_norm.weight" in tensors
     pool = config.get("global_pool", args.get("global_pool"))
+    if pool is None and "attn_pool.latent" in tensors:
+        pool = "map"
     if pool is None:
         pool = "avg" if (fc_norm or not class_token) else "token"
-    if pool not in ("token", "avg", ""):
+    if pool not in ("token", "avg", "map", ""):
         raise CheckpointError(
-            f"timm global_pool={pool!r} is not supported; valid: 'token', 'avg'."
+            f"timm global_pool={pool!r} is not supported; valid: 'token', 'avg', 'map'."
         )
     num_classes = tensors["head.weight"].shape[0] if "head.weight" in tensors else 0
 
@@ -98,7 +106,8 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
             int(hidden), args.get("num_heads"), hints.get("num_heads")
         ),
         mlp_dim=int(tensors["blocks.0.mlp.fc1.weight"].shape[0]),
-        pooling=("token" if pool == "token" else "gap") if pool else None,
+        pooling={"token": "token", "avg": "gap", "map": "map"}.get(pool),
+        num_register_tokens=int(registers),
         class_token=class_token,
         distilled=distilled,
         pool_norm=fc_norm,
@@ -117,7 +126,7 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         plan.add("patch_encoder/cls_token", "cls_token")
     if distilled:
         plan.add("patch_encoder/dist_token", "dist_token")
-    plan.add("patch_encoder/pos_embedding", "pos_embed", position_rule(covered, prefix))
+    _add_positions(plan, covered, embedded, registers)
     for i in range(num_layers):
         src, dst = f"blocks.{i}.", f"block_{i}/"
         for a, b in (("norm1", "norm1"), ("norm2", "norm2")):
@@ -135,6 +144,8 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         if kwargs["layer_scale_init"] is not None:
             plan.add(f"{dst}layer_scale1/gamma", f"{src}ls1.gamma")
             plan.add(f"{dst}layer_scale2/gamma", f"{src}ls2.gamma")
+    if pool == "map":
+        _add_map_head(plan, tensors, kwargs["mlp_dim"])
     norm = "fc_norm" if fc_norm else "norm"
     plan.add("encoder_norm/gamma", f"{norm}.weight")
     plan.add("encoder_norm/beta", f"{norm}.bias")
@@ -167,3 +178,62 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
                         dst + norm_.replace(".", "_") + "/beta", f"{src}{norm_}.bias"
                     )
     return plan
+
+
+def _add_positions(plan: Plan, covered: bool, embedded: int, registers: int) -> None:
+    """keras_vit's registers have no position embedding; a timm table that
+    covers them (`no_embed_class=False`) adds a constant to each register,
+    which is folded into the register tokens."""
+    if not registers:
+        plan.add(
+            "patch_encoder/pos_embedding", "pos_embed", position_rule(covered, embedded)
+        )
+        return
+    stop = embedded + registers
+    if covered:
+        plan.add(
+            "patch_encoder/register_tokens",
+            ("reg_token", "pos_embed"),
+            lambda reg, pos: reg + pos.reshape(1, -1, pos.shape[-1])[:, embedded:stop],
+        )
+        plan.add(
+            "patch_encoder/pos_embedding",
+            "pos_embed",
+            lambda pos: np.delete(
+                pos.reshape(1, -1, pos.shape[-1]), np.s_[embedded:stop], axis=1
+            ),
+        )
+    else:
+        plan.add("patch_encoder/register_tokens", "reg_token")
+        plan.add(
+            "patch_encoder/pos_embedding", "pos_embed", position_rule(False, embedded)
+        )
+
+
+def _add_map_head(plan: Plan, tensors: dict, mlp_dim: int) -> None:
+    """timm's AttentionPoolLatent as keras_vit's MAPHead."""
+    head_mlp = tensors["attn_pool.mlp.fc1.weight"].shape[0]
+    if head_mlp != mlp_dim:
+        raise CheckpointError(
+            f"The MAP head's MLP is {head_mlp} wide and the blocks' {mlp_dim}; "
+            "keras_vit's MAPHead uses the blocks' mlp_dim."
+        )
+    latent = tensors["attn_pool.latent"]
+    if latent.shape[1] != 1:
+        raise CheckpointError(
+            f"A MAP head with {latent.shape[1]} latent queries is not supported; "
+            "keras_vit's MAPHead has one probe."
+        )
+    plan.add("map_head/probe", "attn_pool.latent", lambda w: w.reshape(1, -1))
+    for src, dst in (
+        ("q", "query"),
+        ("kv", "key_value"),
+        ("proj", "proj"),
+        ("mlp.fc1", "mlp/fc1"),
+        ("mlp.fc2", "mlp/fc2"),
+    ):
+        plan.add(f"map_head/{dst}/kernel", f"attn_pool.{src}.weight", linear_kernel)
+        if f"attn_pool.{src}.bias" in tensors or src not in ("q", "kv"):
+            plan.add(f"map_head/{dst}/bias", f"attn_pool.{src}.bias")
+    plan.add("map_head/norm/gamma", "attn_pool.norm.weight")
+    plan.add("map_head/norm/beta", "attn_pool.norm.bias")
