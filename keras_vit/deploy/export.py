@@ -55,6 +55,7 @@ from keras_vit.deploy.serving import (
     prediction_log_bytes,
 )
 from keras_vit.files import write_atomic
+from keras_vit.models import quantization
 from keras_vit.models.preprocessing import (
     normalize_pixels,
     normalize_preprocessing,
@@ -282,6 +283,16 @@ def _parity(reference: dict, outputs: dict) -> dict:
     return result
 
 
+def _reference(model, pixels, preprocessing, softmax_inside) -> dict:
+    """The Keras model's outputs on raw `pixels`, named as the signature's."""
+    out = model.predict(
+        normalize_pixels(pixels, preprocessing), batch_size=VERIFY_BATCH, verbose=0
+    )
+    if softmax_inside:
+        return {"probabilities": out}
+    return {"logits": out, "probabilities": np.asarray(tf.nn.softmax(out))}
+
+
 def _in_batches(fn, pixels: np.ndarray) -> dict[str, np.ndarray]:
     """`fn` (pixel batch -> dict of outputs) over `pixels` in slices."""
     parts = [
@@ -309,6 +320,7 @@ def export_model(
     verify_images=None,
     variant: str | None = None,
     top_k: int = 5,
+    quantize: str | None = None,
 ) -> dict:
     """Exports `model` as a TF Serving SavedModel version, `.tflite` files and
     `metadata.json` under `root` (layout in the module docstring); returns the
@@ -331,6 +343,10 @@ def export_model(
             seeded random images. The figures go into the metadata.
         variant: variant string for the metadata, e.g. `"Ti/16"`.
         top_k: how many classes the bytes signature returns.
+        quantize: None, or a `keras_vit.models.quantization` mode (`"int8"`,
+            `"int4"`, `"float8"`): a quantized copy of `model` is exported,
+            and its agreement with the float model goes into the metadata
+            (`parity.quantized_vs_float`).
     """
     if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
         raise ValueError(
@@ -350,6 +366,8 @@ def export_model(
         raise ValueError(f"labels must be non-empty single-line strings: {labels!r}")
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}.")
+    if quantize is not None:
+        quantization.check_quantization_mode(quantize)
     if version is not None and (not isinstance(version, int) or version < 1):
         raise ValueError(f"version must be a positive int, got {version!r}.")
     representative = None
@@ -376,6 +394,9 @@ def export_model(
             .astype("float32")
         )
 
+    float_model = model
+    if quantize is not None:
+        model = quantization.quantized_copy(model, quantize)
     graphs = _Graphs(model, labels, preprocessing, top_k)  # checks the head too
 
     root = Path(root)
@@ -391,13 +412,7 @@ def export_model(
         )
     partial = model_dir / f".{version}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
-    keras_out = model.predict(
-        normalize_pixels(verify, preprocessing), batch_size=VERIFY_BATCH, verbose=0
-    )
-    reference = {"probabilities": keras_out}
-    if not graphs.softmax_inside:
-        probabilities = np.asarray(tf.nn.softmax(keras_out))
-        reference = {"logits": keras_out, "probabilities": probabilities}
+    reference = _reference(model, verify, preprocessing, graphs.softmax_inside)
     metadata = {
         "name": name,
         "version": version,
@@ -426,6 +441,10 @@ def export_model(
         "parity": {"num_images": int(len(verify))},
         "files": {},
     }
+    if quantize is not None:
+        floats = _reference(float_model, verify, preprocessing, graphs.softmax_inside)
+        metadata["quantization"] = quantize
+        metadata["parity"]["quantized_vs_float"] = _parity(floats, reference)
     tflite_files = {}
     try:
         write_saved_model(model, partial, labels, preprocessing, top_k)
