@@ -94,6 +94,11 @@ def parse_args(argv):
     parser.add_argument("--calibration", help="'digits' or an image folder (int8)")
     parser.add_argument("--tflite", help="comma list (default: all kinds possible)")
     parser.add_argument("--smoke", action="store_true", help="2-step digits model")
+    parser.add_argument(
+        "--quantize",
+        choices=("int8", "int4", "float8"),
+        help="export a copy with Dense kernels quantized by model.quantize",
+    )
     args = parser.parse_args(argv)
     if not args.smoke and not args.model:
         parser.error("give a .keras model file, or --smoke")
@@ -165,6 +170,7 @@ def main(argv):
         representative_images=representative,
         tflite=kinds,
         verify_images=verify,
+        quantize=args.quantize,
     )
     print(f"exported {name} version {metadata['version']} under {args.root}/")
     for artifact, figures in metadata["parity"].items():

@@ -128,3 +128,44 @@ def fit_one_step(model: keras.Model, inputs: np.ndarray, labels: np.ndarray) -> 
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def check_dtype_policy_contract(
+    make_layer, input_shape: tuple[int, ...], policy: str, tmp_path: Path
+) -> keras.layers.Layer:
+    """One layer built alone under `policy` on input of its compute dtype:
+    output in the compute dtype, float32 variables, one `fit` step inside a
+    small model, and a `.keras` round trip with identical outputs.
+
+    `make_layer(dtype)` returns a fresh layer; the layer is wrapped as
+    Input -> layer -> Flatten -> float32 Dense so that `fit` has logits."""
+    layer = make_layer(dtype=policy)
+    compute = keras.dtype_policies.get(policy).compute_dtype
+    inputs = keras.Input(input_shape[1:], batch_size=input_shape[0], dtype=compute)
+    features = layer(inputs)
+    assert features.dtype == compute, (type(layer).__name__, features.dtype)
+    logits = keras.layers.Dense(3, dtype="float32")(keras.layers.Flatten()(features))
+    model = keras.Model(inputs, [logits, features])
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(input_shape).astype(compute)
+    eager = layer(keras.ops.convert_to_tensor(x))
+    assert keras.backend.standardize_dtype(eager.dtype) == compute
+    assert all(v.dtype == "float32" for v in layer.trainable_weights)
+
+    labels = rng.integers(0, 3, input_shape[0])
+    trainer = keras.Model(inputs, logits)
+    fit_one_step(trainer, x, labels)
+
+    path = tmp_path / f"{type(layer).__name__}.keras"
+    model.save(path)
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    for got, want in zip(reloaded(x), model(x), strict=True):
+        assert keras.backend.standardize_dtype(
+            got.dtype
+        ) == keras.backend.standardize_dtype(want.dtype)
+        np.testing.assert_array_equal(
+            np.asarray(keras.ops.cast(got, "float32")),
+            np.asarray(keras.ops.cast(want, "float32")),
+        )
+    return layer

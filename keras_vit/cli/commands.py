@@ -133,6 +133,7 @@ def cmd_export(args) -> int:
         tflite=tuple(kinds),
         variant=args.variant,
         top_k=args.top_k,
+        quantize=args.quantize,
     )
     print(f"exported {args.name} version {result['version']} under {args.root}")
     for name, size in sorted(result.get("files", {}).items()):

@@ -118,6 +118,11 @@ def _add_export(command) -> None:
         help=".npy of raw training pixels (n, h, w, c) to calibrate int8",
     )
     export.add_argument("--variant", help="variant for the metadata, e.g. Ti/16")
+    export.add_argument(
+        "--quantize",
+        choices=("int8", "int4", "float8"),
+        help="export a copy with Dense kernels quantized by model.quantize",
+    )
     export.add_argument("--top-k", type=int, default=5)
     export.add_argument("--mean", type=float, help="normalisation mean (no metadata)")
     export.add_argument("--std", type=float, help="normalisation std (no metadata)")

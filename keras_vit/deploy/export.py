@@ -41,6 +41,7 @@ from keras_vit.deploy.serving import (
 )
 from keras_vit.deploy.signatures import Graphs, write_saved_model, write_warmup_requests
 from keras_vit.files import write_atomic
+from keras_vit.models import quantization
 from keras_vit.models.preprocessing import (
     normalize_pixels,
     normalize_preprocessing,
@@ -129,6 +130,16 @@ def _parity(reference: dict, outputs: dict) -> dict:
     return result
 
 
+def _reference(model, pixels, preprocessing, softmax_inside) -> dict:
+    """The Keras model's outputs on raw `pixels`, named as the signature's."""
+    out = model.predict(
+        normalize_pixels(pixels, preprocessing), batch_size=VERIFY_BATCH, verbose=0
+    )
+    if softmax_inside:
+        return {"probabilities": out}
+    return {"logits": out, "probabilities": np.asarray(tf.nn.softmax(out))}
+
+
 def _in_batches(fn, pixels: np.ndarray) -> dict[str, np.ndarray]:
     """`fn` (pixel batch -> dict of outputs) over `pixels` in slices."""
     parts = [
@@ -156,6 +167,7 @@ def export_model(
     verify_images=None,
     variant: str | None = None,
     top_k: int = 5,
+    quantize: str | None = None,
 ) -> dict:
     """Exports `model` as a TF Serving SavedModel version, `.tflite` files and
     `metadata.json` under `root` (layout in the module docstring); returns the
@@ -178,13 +190,20 @@ def export_model(
             seeded random images. The figures go into the metadata.
         variant: variant string for the metadata, e.g. `"Ti/16"`.
         top_k: how many classes the bytes signature returns.
+        quantize: None, or a `keras_vit.models.quantization` mode (`"int8"`,
+            `"int4"`, `"float8"`): a quantized copy of `model` is exported,
+            and its agreement with the float model goes into the metadata
+            (`parity.quantized_vs_float`).
     """
     kinds = tflite_lib.check_kinds(tflite)
     preprocessing = normalize_preprocessing(model, preprocessing)
-    labels = _check_arguments(model, name, labels, top_k, version)
+    labels = _check_arguments(model, name, labels, top_k, version, quantize)
     representative, verify = _images(
         representative_images, verify_images, preprocessing, kinds
     )
+    float_model = model
+    if quantize is not None:
+        model = quantization.quantized_copy(model, quantize)
     graphs = Graphs(model, labels, preprocessing, top_k)  # checks the head too
 
     root = Path(root)
@@ -203,6 +222,10 @@ def export_model(
     metadata = _metadata(
         name, version, model, variant, labels, preprocessing, graphs, reference
     )
+    if quantize is not None:
+        floats = _reference(float_model, graphs, verify, preprocessing)
+        metadata["quantization"] = quantize
+        metadata["parity"]["quantized_vs_float"] = _parity(floats, reference)
     tflite_files = _write_version(
         model_dir, final, metadata, model, kinds, representative, verify, reference
     )
@@ -214,7 +237,7 @@ def export_model(
     return metadata
 
 
-def _check_arguments(model, name, labels, top_k, version) -> list[str]:
+def _check_arguments(model, name, labels, top_k, version, quantize) -> list[str]:
     """Validates what `export_model` was given; returns the labels as strings."""
     if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
         raise ValueError(
@@ -232,6 +255,8 @@ def _check_arguments(model, name, labels, top_k, version) -> list[str]:
         raise ValueError(f"labels must be non-empty single-line strings: {labels!r}")
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive int, got {top_k!r}.")
+    if quantize is not None:
+        quantization.check_quantization_mode(quantize)
     if version is not None and (not isinstance(version, int) or version < 1):
         raise ValueError(f"version must be a positive int, got {version!r}.")
     return labels

@@ -9,6 +9,7 @@ from keras_vit.models.blocks import (
     MultiHeadSelfAttention,
     TransformerBlock,
 )
+from keras_vit.models.features import PatchTokens, feature_extractor
 from keras_vit.models.hybrid import HybridViT, StdConv2D
 from keras_vit.models.layers import PatchEncoder, Patches, TokenPooling
 from keras_vit.models.pooling import MAPHead
@@ -32,12 +33,14 @@ __all__ = [
     "MAPHead",
     "MultiHeadSelfAttention",
     "PatchEncoder",
+    "PatchTokens",
     "Patches",
     "StdConv2D",
     "TokenPooling",
     "TransformerBlock",
     "ViT",
     "distillation_heads",
+    "feature_extractor",
     "image_hw",
     "parse_variant",
     "resample_position_embedding",

@@ -13,6 +13,30 @@ from keras import ops
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
 
+def with_sublayer_policies(layer: keras.layers.Layer, config: dict) -> dict:
+    """`config` with the quantized sub-layers' policies in its `dtype`.
+
+    `model.quantize` gives each quantized `Dense` its own policy; a layer that
+    created that `Dense` itself must record it, or a `.keras` reload rebuilds
+    the float layer and fails on the extra scale variable. The map is keyed by
+    layer path, and the sub-layers receive it through `dtype=self.dtype_policy`.
+    """
+    quantized = {}
+    for sub in layer._flatten_layers(include_self=False):
+        if sub.quantization_mode is not None:
+            policy = sub.dtype_policy
+            if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+                policy = policy[sub.path]
+            quantized[sub.path] = policy
+    if not quantized:
+        return config
+    default = layer.dtype_policy
+    if isinstance(default, keras.dtype_policies.DTypePolicyMap):
+        default = default.default_policy
+    policy_map = keras.dtype_policies.DTypePolicyMap(default, quantized)
+    return {**config, "dtype": keras.dtype_policies.serialize(policy_map)}
+
+
 def _check_rate(name: str, value: float) -> float:
     if not 0.0 <= float(value) < 1.0:
         raise ValueError(f"`{name}` must be in [0, 1), got {value!r}.")
@@ -88,9 +112,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
         # float32 so the dropout layer's policy does not cast the probabilities.
         self.probs_dropout = keras.layers.Dropout(
-            self.attention_dropout_rate, dtype="float32"
+            self.attention_dropout_rate, dtype="float32", name="probs_dropout"
         )
-        self.output_dropout = keras.layers.Dropout(self.dropout_rate)
+        self.output_dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=self.dtype_policy, name="output_dropout"
+        )
 
     def build(self, input_shape):
         hidden_dim = input_shape[-1]
@@ -100,12 +126,19 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 f"{self.num_heads}."
             )
         self.head_dim = hidden_dim // self.num_heads
+        # Created here because their width is the input's; the parent's
+        # policy (a DTypePolicyMap after a quantized reload) reaches them.
         self.qkv = keras.layers.Dense(
-            3 * hidden_dim, use_bias=self.qkv_bias, name="qkv"
+            3 * hidden_dim,
+            use_bias=self.qkv_bias,
+            dtype=self.dtype_policy,
+            name="qkv",
         )
-        self.qkv.build(input_shape)
-        self.proj = keras.layers.Dense(hidden_dim, name="proj")
-        self.proj.build(input_shape)
+        self.qkv.build((None, hidden_dim))
+        self.proj = keras.layers.Dense(hidden_dim, dtype=self.dtype_policy, name="proj")
+        self.proj.build((None, hidden_dim))
+        self.probs_dropout.build(input_shape)
+        self.output_dropout.build(input_shape)
 
     def call(
         self, x, training=None, return_attention_scores=False, num_query_tokens=None
@@ -158,13 +191,14 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         )
 
     def get_config(self):
-        return {
+        config = {
             **super().get_config(),
             "num_heads": self.num_heads,
             "qkv_bias": self.qkv_bias,
             "attention_dropout_rate": self.attention_dropout_rate,
             "dropout_rate": self.dropout_rate,
         }
+        return with_sublayer_policies(self, config)
 
 
 @register
@@ -193,14 +227,22 @@ class MLP(keras.layers.Layer):
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
         self.approximate_gelu = bool(approximate_gelu)
-        self.hidden_dropout = keras.layers.Dropout(self.dropout_rate)
-        self.output_dropout = keras.layers.Dropout(self.dropout_rate)
+        self.hidden_dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=self.dtype_policy, name="hidden_dropout"
+        )
+        self.output_dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=self.dtype_policy, name="output_dropout"
+        )
 
     def build(self, input_shape):
-        self.fc1 = keras.layers.Dense(self.mlp_dim, name="fc1")
-        self.fc1.build(input_shape)
-        self.fc2 = keras.layers.Dense(input_shape[-1], name="fc2")
-        self.fc2.build((*input_shape[:-1], self.mlp_dim))
+        self.fc1 = keras.layers.Dense(self.mlp_dim, dtype=self.dtype_policy, name="fc1")
+        self.fc1.build((None, input_shape[-1]))
+        self.fc2 = keras.layers.Dense(
+            input_shape[-1], dtype=self.dtype_policy, name="fc2"
+        )
+        self.fc2.build((None, self.mlp_dim))
+        self.hidden_dropout.build((None, self.mlp_dim))
+        self.output_dropout.build(input_shape)
 
     def call(self, x, training=None):
         # On 2-D (tokens, features) TensorFlow's oneDNN rewrite fuses
@@ -219,12 +261,13 @@ class MLP(keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        return {
+        config = {
             **super().get_config(),
             "mlp_dim": self.mlp_dim,
             "dropout_rate": self.dropout_rate,
             "approximate_gelu": self.approximate_gelu,
         }
+        return with_sublayer_policies(self, config)
 
 
 @register
@@ -345,33 +388,41 @@ class TransformerBlock(keras.layers.Layer):
         self.layer_scale_init = layer_scale_init
         self.layer_norm_epsilon = layer_norm_epsilon
 
+        policy = self.dtype_policy
+        # LayerNormalization computes its statistics in float32 itself.
         self.norm1 = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, name="norm1"
+            epsilon=layer_norm_epsilon, dtype=policy, name="norm1"
         )
         self.attention = MultiHeadSelfAttention(
             num_heads,
             qkv_bias=qkv_bias,
             attention_dropout_rate=attention_dropout_rate,
             dropout_rate=dropout_rate,
+            dtype=policy,
             name="attention",
         )
         self.norm2 = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, name="norm2"
+            epsilon=layer_norm_epsilon, dtype=policy, name="norm2"
         )
-        self.mlp = MLP(mlp_dim, dropout_rate=dropout_rate, name="mlp")
-        self.drop_path1 = DropPath(drop_path_rate, name="drop_path1")
-        self.drop_path2 = DropPath(drop_path_rate, name="drop_path2")
+        self.mlp = MLP(mlp_dim, dropout_rate=dropout_rate, dtype=policy, name="mlp")
+        self.drop_path1 = DropPath(drop_path_rate, dtype=policy, name="drop_path1")
+        self.drop_path2 = DropPath(drop_path_rate, dtype=policy, name="drop_path2")
         self.layer_scale1 = self.layer_scale2 = None
         if layer_scale_init is not None:
-            self.layer_scale1 = LayerScale(layer_scale_init, name="layer_scale1")
-            self.layer_scale2 = LayerScale(layer_scale_init, name="layer_scale2")
+            self.layer_scale1 = LayerScale(
+                layer_scale_init, dtype=policy, name="layer_scale1"
+            )
+            self.layer_scale2 = LayerScale(
+                layer_scale_init, dtype=policy, name="layer_scale2"
+            )
 
     def build(self, input_shape):
-        for layer in (self.norm1, self.attention, self.norm2, self.mlp):
-            layer.build(input_shape)
+        layers = [self.norm1, self.attention, self.norm2, self.mlp]
+        layers += [self.drop_path1, self.drop_path2]
         if self.layer_scale1 is not None:
-            self.layer_scale1.build(input_shape)
-            self.layer_scale2.build(input_shape)
+            layers += [self.layer_scale1, self.layer_scale2]
+        for layer in layers:
+            layer.build(input_shape)
 
     def call(
         self, x, training=None, return_attention_scores=False, num_query_tokens=None
@@ -408,7 +459,7 @@ class TransformerBlock(keras.layers.Layer):
         )
 
     def get_config(self):
-        return {
+        config = {
             **super().get_config(),
             "num_heads": self.num_heads,
             "mlp_dim": self.mlp_dim,
@@ -419,3 +470,4 @@ class TransformerBlock(keras.layers.Layer):
             "layer_scale_init": self.layer_scale_init,
             "layer_norm_epsilon": self.layer_norm_epsilon,
         }
+        return with_sublayer_policies(self, config)

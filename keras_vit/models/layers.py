@@ -21,6 +21,7 @@ from keras_vit.models.blocks import (  # noqa: F401  re-exported: one import for
     TransformerBlock,
     _check_rate,
     register,
+    with_sublayer_policies,
 )
 
 
@@ -194,14 +195,19 @@ class PatchEncoder(keras.layers.Layer):
         self.patch_norm = bool(patch_norm)
         self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
         self.layer_norm_epsilon = layer_norm_epsilon
-        self.projection = keras.layers.Dense(self.hidden_dim, name="projection")
-        self.embedding_dropout = keras.layers.Dropout(self.dropout_rate)
+        policy = self.dtype_policy
+        self.projection = keras.layers.Dense(
+            self.hidden_dim, dtype=policy, name="projection"
+        )
+        self.embedding_dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=policy, name="embedding_dropout"
+        )
         if self.patch_norm:
             self.input_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, name="input_norm"
+                epsilon=layer_norm_epsilon, dtype=policy, name="input_norm"
             )
             self.output_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, name="output_norm"
+                epsilon=layer_norm_epsilon, dtype=policy, name="output_norm"
             )
 
     @property
@@ -239,6 +245,7 @@ class PatchEncoder(keras.layers.Layer):
             self.input_norm.build(input_shape)
             self.output_norm.build((None, num_patches, self.hidden_dim))
         self.projection.build(input_shape)
+        self.embedding_dropout.build((None, None, self.hidden_dim))
         if self.class_token:
             self.cls_token = self.add_weight(
                 shape=(1, 1, self.hidden_dim), initializer="zeros", name="cls_token"
@@ -316,7 +323,7 @@ class PatchEncoder(keras.layers.Layer):
         )
 
     def get_config(self):
-        return {
+        config = {
             **super().get_config(),
             "hidden_dim": self.hidden_dim,
             "class_token": self.class_token,
@@ -328,6 +335,7 @@ class PatchEncoder(keras.layers.Layer):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "num_register_tokens": self.num_register_tokens,
         }
+        return with_sublayer_policies(self, config)
 
 
 @register

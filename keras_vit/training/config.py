@@ -138,6 +138,7 @@ class TrainConfig:
     verbose: int = 1  # Keras progress bar: 0 silent, 1 bar, 2 one line per epoch
     export_name: str = ""  # "": no export into export_root
     export_root: str = "saved_models"
+    export_quantize: str = ""  # "", "int8", "int4" or "float8" (model.quantize)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -264,6 +265,7 @@ def _validate_run(config: TrainConfig) -> None:
         ("jit_compile", config.jit_compile, (True, False, "auto")),
         ("strategy", config.strategy, STRATEGY_NAMES),
         ("model.pooling", config.model.pooling, ("token", "gap")),
+        ("export_quantize", config.export_quantize, ("", "int8", "int4", "float8")),
     ):
         if value not in choices:
             raise ValueError(f"{key} must be one of {list(choices)}, got {value!r}.")

@@ -288,6 +288,7 @@ def _export(model, config, labels, preprocessing, image_size) -> dict:
         representative_images=_raw_pixels(config, train, 512),
         verify_images=_raw_pixels(config, held_out, 2000),
         variant=config.model.variant,
+        quantize=config.export_quantize or None,
     )
     return result if isinstance(result, dict) else {"path": str(result)}
 
