@@ -531,7 +531,57 @@ def build_parser() -> argparse.ArgumentParser:
         "name); the variant is then a size such as B or B/16",
     )
     info.add_argument("--no-summary", action="store_true", help="skip the layer table")
+    _add_prune_command(command)
     return parser
+
+
+def cmd_prune(args) -> int:
+    import keras
+
+    from keras_vit.training import pruning
+    from keras_vit.training.recipes import load_recipe
+
+    config = load_recipe(args.recipe)
+    source = args.model or config.model.pretrained
+    if not source or not Path(source).is_file():
+        raise ValueError(f"model {source!r} is not a .keras file.")
+    model = keras.saving.load_model(source, compile=False)
+    head = args.fraction if args.head_fraction is None else args.head_fraction
+    mlp = args.fraction if args.mlp_fraction is None else args.mlp_fraction
+    steps = config.total_steps if args.finetune_steps is None else args.finetune_steps
+    pruned, report = pruning.prune_and_finetune(
+        model, config, head, mlp, steps, args.calibration_images
+    )
+    report.pop("removed")
+    report["source_params"] = int(model.count_params())
+    pruned.save(args.output)
+    report["output"] = args.output
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _add_prune_command(command) -> None:
+    prune = command(
+        "prune",
+        cmd_prune,
+        "remove attention heads and MLP units, then fine-tune",
+        "Scores every head and MLP unit of a .keras ViT on training images of "
+        "a recipe's data (Taylor importance, Michel et al. 2019), removes the "
+        "lowest fraction, fine-tunes with the recipe's optimizer and writes an "
+        "ordinary, smaller .keras model; prints the accuracies, parameters and "
+        "MACs as JSON.",
+    )
+    prune.add_argument("model", nargs="?", help=".keras model (default: the "
+                       "recipe's model.pretrained)")
+    prune.add_argument("--recipe", default="prune_digits", help="data and optimizer")
+    prune.add_argument("--output", required=True, help="the .keras file to write")
+    prune.add_argument("--fraction", type=float, default=0.25)
+    prune.add_argument("--head-fraction", type=float, help="default: --fraction")
+    prune.add_argument("--mlp-fraction", type=float, help="default: --fraction")
+    prune.add_argument(
+        "--finetune-steps", type=int, help="default: the recipe's total_steps"
+    )
+    prune.add_argument("--calibration-images", type=int, default=256)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,11 +17,17 @@ result is an ordinary keras_vit model with fewer parameters and FLOPs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.analysis.flops import count_macs
 from keras_vit.models.layers import TransformerBlock
+from keras_vit.training import data as data_lib
+from keras_vit.training.config import TrainConfig
+from keras_vit.training.trainer import make_optimizer
 
 
 def transformer_blocks(model: keras.Model) -> list[TransformerBlock]:
@@ -223,3 +229,93 @@ def prune(
     scores = importance_scores(model, images, labels, batch_size)
     heads, units = select(scores, head_fraction, mlp_fraction)
     return remove(model, heads, units), {"heads": heads, "units": units}
+
+
+def _calibration(config: TrainConfig, image_size, num_images: int):
+    """Up to `num_images` images and int labels from the training stream
+    (the held-out split stays unseen)."""
+    dataset = data_lib.make_train_dataset(
+        config.data, image_size, min(config.batch_size, num_images), config.seed
+    )
+    images, labels, count = [], [], 0
+    for x, y in dataset:
+        images.append(x.numpy())
+        labels.append(y.numpy().argmax(-1))
+        count += len(images[-1])
+        if count >= num_images:
+            break
+    return np.concatenate(images)[:num_images], np.concatenate(labels)[:num_images]
+
+
+def held_out_accuracy(model: keras.Model, config: TrainConfig) -> float:
+    """Top-1 accuracy on the config's held-out split."""
+    dataset = data_lib.make_eval_dataset(
+        config.data, model.input_shape[1:3], config.eval_batch_size
+    )
+    correct = total = 0
+    for x, y in dataset:
+        predicted = np.argmax(model.predict_on_batch(x), -1)
+        correct += int(np.sum(predicted == y.numpy().argmax(-1)))
+        total += len(predicted)
+    return correct / total
+
+
+def finetune(model: keras.Model, config: TrainConfig, steps: int) -> keras.Model:
+    """`steps` of the config's optimizer (its schedule squeezed to `steps`)
+    on the training stream; the model is trained in place."""
+    warmup = min(config.optim.warmup_steps, steps // 10)
+    short = dataclasses.replace(
+        config,
+        total_steps=steps,
+        optim=dataclasses.replace(config.optim, warmup_steps=warmup),
+    )
+    model.compile(
+        optimizer=make_optimizer(short, model),
+        loss=keras.losses.CategoricalCrossentropy(
+            from_logits=True, label_smoothing=config.optim.label_smoothing
+        ),
+    )
+    dataset = data_lib.make_train_dataset(
+        config.data, model.input_shape[1:3], config.batch_size, config.seed
+    )
+    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+    return model
+
+
+def prune_and_finetune(
+    model: keras.Model,
+    config: TrainConfig,
+    head_fraction: float,
+    mlp_fraction: float,
+    finetune_steps: int = 0,
+    calibration_images: int = 256,
+) -> tuple[keras.Model, dict]:
+    """Prunes with scores on training images, measures held-out accuracy,
+    fine-tunes `finetune_steps` steps (0: none) and measures it again.
+
+    Returns:
+        `(model, report)`; the report holds the fractions, heads and units
+        kept, parameters, MACs and accuracies (`accuracy_pruned`, and
+        `accuracy_finetuned` when fine-tuned).
+    """
+    if not isinstance(finetune_steps, int) or finetune_steps < 0:
+        raise ValueError(f"finetune_steps must be an int >= 0, got {finetune_steps!r}.")
+    images, labels = _calibration(config, model.input_shape[1:3], calibration_images)
+    pruned, removed = prune(model, images, labels, head_fraction, mlp_fraction)
+    blocks = transformer_blocks(pruned)
+    report = {
+        "head_fraction": head_fraction,
+        "mlp_fraction": mlp_fraction,
+        "heads": [b.num_heads for b in blocks],
+        "mlp_dims": [b.mlp_dim for b in blocks],
+        "params": int(pruned.count_params()),
+        "macs": int(count_macs(pruned)),
+        "accuracy_pruned": held_out_accuracy(pruned, config),
+        "removed": removed,
+    }
+    if finetune_steps:
+        keras.utils.set_random_seed(config.seed)
+        finetune(pruned, config, finetune_steps)
+        report["finetune_steps"] = finetune_steps
+        report["accuracy_finetuned"] = held_out_accuracy(pruned, config)
+    return pruned, report

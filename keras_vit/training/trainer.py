@@ -21,6 +21,7 @@ from keras_vit.models.resolution import with_image_size
 from keras_vit.models.vit import ViT
 from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import data as data_lib
+from keras_vit.training import distill as distill_lib
 from keras_vit.training import distribute
 from keras_vit.training.config import (
     ModelConfig,
@@ -79,6 +80,7 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
         dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate,
         drop_path_rate=m.drop_path_rate,
+        distilled=m.distilled,
         **options,
     )
     if m.pretrained and Path(m.pretrained).suffix != ".keras":
@@ -333,8 +335,11 @@ def _train(config: TrainConfig) -> dict:
         model = build_model(
             config, len(labels), stages[_stage_of_checkpoint(stages, latest)][2]
         )
-        _compile(model, config, strategy, 0)
-    step = checkpoint_lib.restore_latest(checkpoints, model)
+        # With a teacher, `fit` (and the checkpoints) run on a Distiller
+        # around the model; `model` stays the student that is saved.
+        fitted = distill_lib.wrap(model, config)
+        _compile(fitted, config, strategy, 0)
+    step = checkpoint_lib.restore_latest(checkpoints, fitted)
 
     ce = config.checkpoint_every
     skipped = []
@@ -345,7 +350,8 @@ def _train(config: TrainConfig) -> dict:
         if tuple(model.input_shape[1:3]) != (size, size):
             with strategy.scope():
                 model = with_image_size(model, size)
-                _compile(model, config, strategy, step)
+                fitted = distill_lib.wrap(model, config)
+                _compile(fitted, config, strategy, step)
         train_ds = data_lib.make_train_dataset(
             config.data, size, config.batch_size, config.seed, start_step=step
         )
@@ -359,7 +365,7 @@ def _train(config: TrainConfig) -> dict:
                 ),
                 validation_freq=config.eval_every,
             )
-        model.fit(
+        fitted.fit(
             train_ds,
             steps_per_epoch=ce,
             epochs=end // ce,
@@ -374,7 +380,7 @@ def _train(config: TrainConfig) -> dict:
     if config.optim.use_ema and not trained:
         # `fit` swaps the EMA weights in when it ends; checkpoints hold the
         # raw ones, so a rerun of a finished run swaps them in itself.
-        model.optimizer.finalize_variable_values(model.trainable_variables)
+        fitted.optimizer.finalize_variable_values(model.trainable_variables)
     train_seconds = time.perf_counter() - started
 
     size = stages[-1][2]
@@ -384,7 +390,7 @@ def _train(config: TrainConfig) -> dict:
         config.eval_batch_size,
         max_batches=2 if config.smoke else None,
     )
-    results = model.evaluate(eval_ds, verbose=0, return_dict=True)
+    results = fitted.evaluate(eval_ds, verbose=0, return_dict=True)
     accuracy = float(results["accuracy"])
     print(f"{config.name}: held-out accuracy {accuracy:.4f} after {step} steps")
     preprocessing = data_lib.preprocessing(config.data, size)
@@ -393,7 +399,7 @@ def _train(config: TrainConfig) -> dict:
         "accuracy": accuracy,
         "eval_loss": float(results["loss"]),
         "steps": int(step),
-        "optimizer_iterations": int(model.optimizer.iterations.numpy()),
+        "optimizer_iterations": int(fitted.optimizer.iterations.numpy()),
         "train_seconds": round(train_seconds, 2),
         "run_dir": str(run_dir),
         "precision": config.precision,
