@@ -9,7 +9,7 @@ from test_export import exported, keras_outputs, raw_pixels  # noqa: F401
 
 from keras_vit.deploy import tflite
 from keras_vit.deploy.tflite import (
-    DEFAULT_KINDS,
+    KINDS,
     Runner,
     check_builtin_only,
     file_name,
@@ -22,10 +22,7 @@ def outputs(exported):  # noqa: F811
     """Every kind's outputs on the 360 held-out images, and Keras'."""
     root, _, model, x_test, _, _ = exported
     pixels = raw_pixels(x_test)
-    got = {
-        kind: Runner(root / file_name("digits", kind))(pixels)
-        for kind in DEFAULT_KINDS
-    }
+    got = {kind: Runner(root / file_name("digits", kind))(pixels) for kind in KINDS}
     return got, keras_outputs(model, x_test)
 
 
@@ -83,7 +80,7 @@ def test_full_integer_file_computes_in_int8(exported):  # noqa: F811
 
 def test_no_flex_ops_in_any_file(exported):  # noqa: F811
     root, metadata = exported[:2]
-    for kind in DEFAULT_KINDS:
+    for kind in KINDS:
         ops = check_builtin_only(root / file_name("digits", kind))
         assert "FULLY_CONNECTED" in ops and "SOFTMAX" in ops
         assert not [op for op in ops if op.startswith("CUSTOM")]
@@ -150,7 +147,7 @@ def test_nan_pixel_gives_nan_for_that_image_only(exported, kind):  # noqa: F811
 
 def test_file_sizes_reported(exported):  # noqa: F811
     root, metadata = exported[:2]
-    sizes = {kind: (root / file_name("digits", kind)).stat().st_size for kind in DEFAULT_KINDS}
+    sizes = {kind: (root / file_name("digits", kind)).stat().st_size for kind in KINDS}
     for kind, size in sizes.items():
         assert metadata["files"][file_name("digits", kind)] == size
     assert sizes["float16"] < 0.7 * sizes["float32"]
@@ -173,25 +170,3 @@ def test_nan_pixel_in_int8_files_is_silently_quantized(exported, kind):  # noqa:
     dirty = Runner(root / file_name("digits", kind))(pixels)["probabilities"]
     assert np.all(np.isfinite(dirty))
     np.testing.assert_allclose(dirty.sum(-1), 1.0, atol=0.05)
-
-
-def test_int16x8_file_keeps_top1_with_int16_activations(outputs, exported):  # noqa: F811
-    from test_export import digits_train_pixels
-
-    root, metadata, _, x_test, _, _ = exported
-    content = tflite.convert(
-        root / "digits" / str(metadata["version"]), "int16x8", digits_train_pixels()
-    )
-    check_builtin_only(content)
-    got, expected = outputs
-    probabilities = Runner(content)(raw_pixels(x_test))["probabilities"]
-    agreement = np.mean(probabilities.argmax(-1) == expected["probabilities"].argmax(-1))
-    int8 = np.mean(
-        got["int8"]["probabilities"].argmax(-1) == expected["probabilities"].argmax(-1)
-    )
-    # At least as close to Keras as int8 (the same threshold as int8 above).
-    assert agreement >= max(int8, 0.98), (agreement, int8)
-    interpreter = Interpreter(model_content=content)
-    interpreter.allocate_tensors()
-    dtypes = {d["dtype"] for d in interpreter.get_tensor_details()}
-    assert np.int16 in dtypes and np.int8 in dtypes, dtypes

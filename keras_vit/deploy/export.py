@@ -305,7 +305,7 @@ def export_model(
     labels: list[str] | None = None,
     preprocessing: dict | None = None,
     representative_images=None,
-    tflite=tflite_lib.DEFAULT_KINDS,
+    tflite=tflite_lib.KINDS,
     verify_images=None,
     variant: str | None = None,
     top_k: int = 5,
@@ -357,12 +357,11 @@ def export_model(
         representative = _pixel_batch(
             representative_images, preprocessing, "representative_images"
         )
-    calibrated = [k for k in kinds if k in tflite_lib.CALIBRATED_KINDS]
-    if calibrated and representative is None:
+    if "int8" in kinds and representative is None:
         raise ValueError(
-            f"The {calibrated[0]!r} TFLite kind needs representative_images (raw "
-            "pixel images from the training data) to calibrate; pass them or "
-            f"leave {calibrated[0]!r} out of tflite={list(kinds)}."
+            "The 'int8' TFLite kind needs representative_images (raw pixel images "
+            "from the training data) to calibrate; pass them or leave 'int8' out "
+            f"of tflite={list(kinds)}."
         )
     if verify_images is not None:
         verify = _pixel_batch(verify_images, preprocessing, "verify_images")

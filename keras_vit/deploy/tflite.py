@@ -1,12 +1,9 @@
 """TFLite files from an exported SavedModel, builtin ops only, run with LiteRT.
 
-Five kinds (`KINDS`): `float32`; `float16` (weights stored as float16,
+Four kinds (`KINDS`): `float32`; `float16` (weights stored as float16,
 computed in float32); `dynamic_int8` (int8 weights, activations quantized on
 the fly); `int8` (full-integer: weights and activations int8, calibrated on a
-representative set of raw pixel images); `int16x8` (int8 weights, int16
-activations, calibrated the same way: LayerNorm, softmax and residual
-outliers keep 256 times finer steps than in `int8`). `export_model` writes
-`DEFAULT_KINDS` (all but `int16x8`) unless told otherwise. Every kind keeps the SavedModel's
+representative set of raw pixel images). Every kind keeps the SavedModel's
 `serving_default` interface: float32 raw pixels `(batch, H, W, C)` in, float32
 `logits` / `probabilities` out, so the same client code runs all four; `int8`
 quantizes at its input and dequantizes at its outputs.
@@ -33,12 +30,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-KINDS = ("float32", "float16", "dynamic_int8", "int8", "int16x8")
-DEFAULT_KINDS = ("float32", "float16", "dynamic_int8", "int8")
-# Kinds whose activation ranges are calibrated on representative images.
-CALIBRATED_KINDS = ("int8", "int16x8")
-# Ops left in float32 inside `int16x8` files (no int16 LiteRT kernel).
-INT16X8_FLOAT_OPS = ("SQUARED_DIFFERENCE",)
+KINDS = ("float32", "float16", "dynamic_int8", "int8")
 SIGNATURE = "serving_default"
 # At most this many representative images calibrate the int8 ranges (evenly
 # spaced through the set beyond it). On the digits model, 300 random images
@@ -63,8 +55,8 @@ def check_kinds(kinds) -> tuple[str, ...]:
 
 def convert(saved_model_dir, kind: str, representative_pixels=None) -> bytes:
     """Converts the SavedModel's `serving_default` signature to a `.tflite`
-    flatbuffer of `kind`; `int8` and `int16x8` need `representative_pixels`,
-    raw pixel images `(n, H, W, C)` like the ones it will see."""
+    flatbuffer of `kind`; `int8` needs `representative_pixels`, raw pixel images
+    `(n, H, W, C)` like the ones it will see."""
     check_kinds(kind)
     converter = tf.lite.TFLiteConverter.from_saved_model(
         str(saved_model_dir), signature_keys=[SIGNATURE]
@@ -74,10 +66,10 @@ def convert(saved_model_dir, kind: str, representative_pixels=None) -> bytes:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if kind == "float16":
         converter.target_spec.supported_types = [tf.float16]
-    if kind in CALIBRATED_KINDS:
+    if kind == "int8":
         if representative_pixels is None or len(representative_pixels) == 0:
             raise ValueError(
-                f"Full-integer {kind} conversion needs representative_images: raw "
+                "Full-integer int8 conversion needs representative_images: raw "
                 "pixel images (n, height, width, channels) from the training data."
             )
         calibration = np.asarray(representative_pixels, dtype="float32")
@@ -90,37 +82,11 @@ def convert(saved_model_dir, kind: str, representative_pixels=None) -> bytes:
                 yield {"pixels": image[None]}
 
         converter.representative_dataset = representative_dataset
-        if kind == "int8":
-            ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        else:
-            # LayerNorm's NEG has no 16x8 kernel ("not yet supported"); the
-            # float builtins let such ops fall back to float32 in between.
-            ops = [
-                tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
-                tf.lite.OpsSet.TFLITE_BUILTINS,
-            ]
-        converter.target_spec.supported_ops = ops
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     with warnings.catch_warnings():
         # int8 calibration runs TF's own deprecated tf.lite.Interpreter inside.
         warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
-        if kind == "int16x8":
-            return _convert_16x8(converter)
         return converter.convert()
-
-
-def _convert_16x8(converter) -> bytes:
-    # The converter quantizes LayerNorm's SQUARED_DIFFERENCE to int16, which
-    # LiteRT's kernel refuses at run time ("only supports FLOAT32 and INT32");
-    # the quantization debugger's denylist keeps that op in float32.
-    options = tf.lite.experimental.QuantizationDebugOptions(
-        denylisted_ops=list(INT16X8_FLOAT_OPS)
-    )
-    debugger = tf.lite.experimental.QuantizationDebugger(
-        converter=converter,
-        debug_dataset=converter.representative_dataset,
-        debug_options=options,
-    )
-    return debugger.get_nondebug_quantized_model()
 
 
 def _operator_names() -> dict[int, str]:
