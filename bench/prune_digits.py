@@ -51,16 +51,20 @@ def run(args, root: Path) -> dict:
 
     from keras_vit.deploy import tflite as tflite_lib
     from keras_vit.deploy.export import export_model
-    from keras_vit.training import pruning
     from keras_vit.training import data as data_lib
+    from keras_vit.training import pruning
     from keras_vit.training.recipes import load_recipe
 
     config = load_recipe("prune_digits")
     steps = args.finetune_steps or config.total_steps
     base = keras.saving.load_model(args.model, compile=False)
-    rows = [{"fraction": "unpruned, not fine-tuned",
-             "accuracy": pruning.held_out_accuracy(base, config),
-             "params": int(base.count_params())}]
+    rows = [
+        {
+            "fraction": "unpruned, not fine-tuned",
+            "accuracy": pruning.held_out_accuracy(base, config),
+            "params": int(base.count_params()),
+        }
+    ]
     runners = {}
     size = base.input_shape[1:3]
     pixels = data_lib.make_eval_dataset(config.data, size, 1).take(1)

@@ -571,8 +571,9 @@ def _add_prune_command(command) -> None:
         "ordinary, smaller .keras model; prints the accuracies, parameters and "
         "MACs as JSON.",
     )
-    prune.add_argument("model", nargs="?", help=".keras model (default: the "
-                       "recipe's model.pretrained)")
+    prune.add_argument(
+        "model", nargs="?", help=".keras model (default: the recipe's model.pretrained)"
+    )
     prune.add_argument("--recipe", default="prune_digits", help="data and optimizer")
     prune.add_argument("--output", required=True, help="the .keras file to write")
     prune.add_argument("--fraction", type=float, default=0.25)

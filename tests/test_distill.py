@@ -42,7 +42,9 @@ def test_two_steps_with_a_teacher_use_both_heads_and_keep_the_teacher(tmp_path):
     distiller = trainer.distill_lib.wrap(student, config)
     teacher = distiller.teacher
     before = [w.copy() for w in teacher.get_weights()]
-    heads = {n: student.get_layer(n).get_weights()[0].copy() for n in ("head", "head_dist")}
+    heads = {
+        n: student.get_layer(n).get_weights()[0].copy() for n in ("head", "head_dist")
+    }
     trainer._compile(distiller, config, distiller.distribute_strategy, 0)
     x, y = next(iter(trainer.data_lib.make_train_dataset(config.data, 16, 8, 0)))
     history = distiller.fit(x, y, batch_size=8, epochs=2, verbose=0).history

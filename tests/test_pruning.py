@@ -133,3 +133,28 @@ def test_removing_every_head_of_a_block_names_the_count():
         pruning.remove(model, heads={"block_0": [5]})
     with pytest.raises(ValueError, match=r"`head_fraction` must be in \[0, 1\), got 1"):
         pruning.select({"block_0": (np.ones(3), np.ones(8))}, 1, 0.1)
+
+
+@pytest.mark.slow
+def test_prune_command_writes_a_smaller_model(tmp_path, capsys):
+    import json
+
+    from keras_vit import cli
+
+    model = ViT(
+        "Ti/4", 16, 10, num_channels=1, hidden_dim=32, num_layers=2, num_heads=4
+    )
+    model.save(tmp_path / "model.keras")
+    out = tmp_path / "pruned.keras"
+    status = cli.main(
+        ["prune", str(tmp_path / "model.keras"), "--recipe", "prune_digits"]
+        + ["--output", str(out), "--fraction", "0.25", "--finetune-steps", "2"]
+        + ["--calibration-images", "16"]
+    )
+    assert status == 0
+    report = json.loads(capsys.readouterr().out)
+    pruned = keras.saving.load_model(out)
+    assert [b.num_heads for b in pruning.transformer_blocks(pruned)] == report["heads"]
+    assert sum(report["heads"]) == 6 and sum(report["mlp_dims"]) == 2 * 768 * 3 // 4
+    assert pruned.count_params() == report["params"] < report["source_params"]
+    assert 0.0 <= report["accuracy_finetuned"] <= 1.0

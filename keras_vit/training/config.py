@@ -363,7 +363,9 @@ def _validate_distill(distill: DistillConfig) -> None:
             f"distill.kind must be one of ['hard', 'soft'], got {distill.kind!r}."
         )
     if not distill.temperature > 0:
-        raise ValueError(f"distill.temperature must be > 0, got {distill.temperature!r}.")
+        raise ValueError(
+            f"distill.temperature must be > 0, got {distill.temperature!r}."
+        )
     _check("distill.weight", distill.weight, 0.0, 1.0)
 
 

@@ -74,7 +74,9 @@ class Distiller(keras.Model):
     ):
         super().__init__(**kwargs)
         if kind not in KINDS:
-            raise ValueError(f"distill.kind must be one of {list(KINDS)}, got {kind!r}.")
+            raise ValueError(
+                f"distill.kind must be one of {list(KINDS)}, got {kind!r}."
+            )
         student_classes = int(student.outputs[0].shape[-1])
         teacher_classes = int(teacher.outputs[0].shape[-1])
         if student_classes != teacher_classes:
@@ -130,7 +132,9 @@ class Distiller(keras.Model):
     def _labels_loss(self, labels, logits):
         num_classes = logits.shape[-1]
         if len(labels.shape) == 1 or labels.shape[-1] != num_classes:
-            labels = ops.one_hot(ops.cast(ops.reshape(labels, (-1,)), "int32"), num_classes)
+            labels = ops.one_hot(
+                ops.cast(ops.reshape(labels, (-1,)), "int32"), num_classes
+            )
         return ops.mean(
             keras.losses.categorical_crossentropy(
                 ops.cast(labels, "float32"),
@@ -140,7 +144,9 @@ class Distiller(keras.Model):
             )
         )
 
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
         if not training:
             loss = self._labels_loss(y, y_pred)
         else:

@@ -83,8 +83,7 @@ def importance_scores(model: keras.Model, images, labels, batch_size: int = 32):
             rows = np.sum(kernel.numpy() * grad.numpy(), axis=1)
             total += np.abs(rows.reshape(len(total), -1).sum(axis=1))
     scores = {
-        block.name: (totals[2 * i], totals[2 * i + 1])
-        for i, block in enumerate(blocks)
+        block.name: (totals[2 * i], totals[2 * i + 1]) for i, block in enumerate(blocks)
     }
     return scores
 
@@ -179,8 +178,7 @@ def remove(model: keras.Model, heads=None, units=None) -> keras.Model:
     unknown = sorted((set(heads) | set(units)) - set(blocks))
     if unknown:
         raise ValueError(
-            f"No blocks {unknown} in model {model.name!r}; blocks are "
-            f"{sorted(blocks)}."
+            f"No blocks {unknown} in model {model.name!r}; blocks are {sorted(blocks)}."
         )
     keep = {}
     for name, block in blocks.items():
