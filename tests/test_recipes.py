@@ -43,11 +43,27 @@ def pretrained_for(recipe):
     return make
 
 
+def teacher_for(recipe):
+    """A distillation recipe's `distill.teacher`: an untrained small CNN."""
+
+    def make(tmp):
+        from keras_vit.training.distill import small_cnn
+
+        config = load_recipe(recipe, {"smoke": "true", "distill.teacher": ""})
+        size = (config.model.image_size, config.model.image_size)
+        small_cnn(size, config.data.num_channels, 10).save(tmp / "teacher.keras")
+        return {"distill.teacher": str(tmp / "teacher.keras")}
+
+    return make
+
+
 # What a recipe needs besides --smoke to run here (its data, its checkpoint).
 NEEDS = {
     "vit_ti16_imagefolder": lambda tmp: {"data.path": str(image_folder(tmp / "data"))},
     "finetune_digits": pretrained_for("finetune_digits"),
     "finetune_digits_probe": pretrained_for("finetune_digits_probe"),
+    "prune_digits": pretrained_for("prune_digits"),
+    "distill_digits": teacher_for("distill_digits"),
 }
 
 

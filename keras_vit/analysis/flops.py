@@ -30,12 +30,14 @@ from keras_vit.models.pooling import MAPHead
 from keras_vit.models.vit import image_hw, parse_variant
 
 
-def _attention_macs(tokens: int, hidden_dim: int) -> int:
-    # Fused QKV projection, q @ k^T, probs @ v, output projection.
+def _attention_macs(tokens: int, hidden_dim: int, inner: int | None = None) -> int:
+    # Fused QKV projection, q @ k^T, probs @ v, output projection; `inner` is
+    # num_heads * head_dim, narrower than hidden_dim once heads are pruned.
+    inner = hidden_dim if inner is None else inner
     return (
-        tokens * hidden_dim * 3 * hidden_dim
-        + 2 * tokens * tokens * hidden_dim
-        + tokens * hidden_dim * hidden_dim
+        tokens * hidden_dim * 3 * inner
+        + 2 * tokens * tokens * inner
+        + tokens * inner * hidden_dim
     )
 
 
@@ -43,8 +45,17 @@ def _mlp_macs(tokens: int, hidden_dim: int, mlp_dim: int) -> int:
     return 2 * tokens * hidden_dim * mlp_dim
 
 
-def _block_macs(tokens: int, hidden_dim: int, mlp_dim: int) -> int:
-    return _attention_macs(tokens, hidden_dim) + _mlp_macs(tokens, hidden_dim, mlp_dim)
+def _block_macs(
+    tokens: int, hidden_dim: int, mlp_dim: int, inner: int | None = None
+) -> int:
+    return _attention_macs(tokens, hidden_dim, inner) + _mlp_macs(
+        tokens, hidden_dim, mlp_dim
+    )
+
+
+def _inner(attention) -> int | None:
+    head_dim = getattr(attention, "head_dim", None)
+    return None if head_dim is None else attention.num_heads * head_dim
 
 
 def _map_head_macs(tokens: int, hidden_dim: int, mlp_dim: int) -> int:
@@ -79,11 +90,13 @@ def _layer_macs(layer, input_shape, output_shape) -> int | None:
     """MACs of one call for one example, or None for a layer this module
     does not know how to count."""
     if isinstance(layer, TransformerBlock):
-        return _block_macs(input_shape[1], input_shape[2], layer.mlp_dim)
+        return _block_macs(
+            input_shape[1], input_shape[2], layer.mlp_dim, _inner(layer.attention)
+        )
     if isinstance(layer, MAPHead):
         return _map_head_macs(input_shape[1], input_shape[2], layer.mlp_dim)
     if isinstance(layer, MultiHeadSelfAttention):
-        return _attention_macs(input_shape[1], input_shape[2])
+        return _attention_macs(input_shape[1], input_shape[2], _inner(layer))
     if isinstance(layer, MLP):
         return _mlp_macs(math.prod(input_shape[1:-1]), input_shape[-1], layer.mlp_dim)
     if isinstance(layer, PatchEncoder):

@@ -4,6 +4,7 @@ call into the package."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import io
 import re
 import sys
@@ -295,3 +296,28 @@ def cmd_bench(args) -> int:
         message = lines[-1].split("error: ", 1)[-1]
         raise UsageError(f"{message} (see keras-vit bench --help)") from None
     return int(throughput.main(args.options) or 0)
+
+
+def cmd_prune(args) -> int:
+    import keras
+
+    from keras_vit.training import pruning
+    from keras_vit.training.recipes import load_recipe
+
+    config = load_recipe(args.recipe)
+    source = args.model or config.model.pretrained
+    if not source or not Path(source).is_file():
+        raise ValueError(f"model {source!r} is not a .keras file.")
+    model = keras.saving.load_model(source, compile=False)
+    head = args.fraction if args.head_fraction is None else args.head_fraction
+    mlp = args.fraction if args.mlp_fraction is None else args.mlp_fraction
+    steps = config.total_steps if args.finetune_steps is None else args.finetune_steps
+    pruned, report = pruning.prune_and_finetune(
+        model, config, head, mlp, steps, args.calibration_images
+    )
+    report.pop("removed")
+    report["source_params"] = int(model.count_params())
+    pruned.save(args.output)
+    report["output"] = args.output
+    print(json.dumps(report, indent=2))
+    return 0

@@ -13,6 +13,7 @@ from keras_vit.cli.commands import (
     cmd_export,
     cmd_info,
     cmd_predict,
+    cmd_prune,
     cmd_train,
     cmd_visualize,
 )
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(command)
     _add_visualize(command)
     _add_info(command)
+    _add_prune_command(command)
     return parser
 
 
@@ -132,6 +134,7 @@ def _add_predict(command) -> None:
     predict = command(
         "predict",
         cmd_predict,
+        cmd_prune,
         "top-k labels for image files",
         "Prints the top-k labels of each image from a SavedModel folder, a "
         ".tflite file or a .keras file with its metadata.json.",
@@ -213,6 +216,31 @@ def _add_info(command) -> None:
         "name); the variant is then a size such as B or B/16",
     )
     info.add_argument("--no-summary", action="store_true", help="skip the layer table")
+
+
+def _add_prune_command(command) -> None:
+    prune = command(
+        "prune",
+        cmd_prune,
+        "remove attention heads and MLP units, then fine-tune",
+        "Scores every head and MLP unit of a .keras ViT on training images of "
+        "a recipe's data (Taylor importance, Michel et al. 2019), removes the "
+        "lowest fraction, fine-tunes with the recipe's optimizer and writes an "
+        "ordinary, smaller .keras model; prints the accuracies, parameters and "
+        "MACs as JSON.",
+    )
+    prune.add_argument(
+        "model", nargs="?", help=".keras model (default: the recipe's model.pretrained)"
+    )
+    prune.add_argument("--recipe", default="prune_digits", help="data and optimizer")
+    prune.add_argument("--output", required=True, help="the .keras file to write")
+    prune.add_argument("--fraction", type=float, default=0.25)
+    prune.add_argument("--head-fraction", type=float, help="default: --fraction")
+    prune.add_argument("--mlp-fraction", type=float, help="default: --fraction")
+    prune.add_argument(
+        "--finetune-steps", type=int, help="default: the recipe's total_steps"
+    )
+    prune.add_argument("--calibration-images", type=int, default=256)
 
 
 def main(argv: list[str] | None = None) -> int:

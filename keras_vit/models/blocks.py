@@ -77,10 +77,14 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     `mixed_float16` neither overflows the logits nor flattens the softmax.
 
     Args:
-        num_heads: int, number of attention heads; must divide the input width.
+        num_heads: int, number of attention heads; must divide the input width
+            unless `head_dim` is given.
         qkv_bias: bool, whether the QKV projection has a bias.
         attention_dropout_rate: float, dropout on the attention probabilities.
         dropout_rate: float, dropout after the output projection.
+        head_dim: int or None, width of each head; None means
+            `hidden_dim // num_heads`. A head-pruned block keeps its heads'
+            width with fewer heads, so QKV is `num_heads * head_dim` wide.
 
     Call arguments:
         x: `(batch, num_tokens, hidden_dim)`.
@@ -99,12 +103,18 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         qkv_bias: bool = True,
         attention_dropout_rate: float = 0.0,
         dropout_rate: float = 0.0,
+        head_dim: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         if int(num_heads) < 1:
             raise ValueError(f"`num_heads` must be >= 1, got {num_heads!r}.")
+        if head_dim is not None and int(head_dim) < 1:
+            raise ValueError(f"`head_dim` must be >= 1 or None, got {head_dim!r}.")
         self.num_heads = int(num_heads)
+        # The argument as given (None: derived in `build`), kept apart from
+        # the derived `head_dim` so `get_config` returns exactly the input.
+        self.head_dim_arg = None if head_dim is None else int(head_dim)
         self.qkv_bias = bool(qkv_bias)
         self.attention_dropout_rate = _check_rate(
             "attention_dropout_rate", attention_dropout_rate
@@ -120,23 +130,24 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     def build(self, input_shape):
         hidden_dim = input_shape[-1]
-        if hidden_dim % self.num_heads:
+        if self.head_dim_arg is None and hidden_dim % self.num_heads:
             raise ValueError(
                 f"hidden_dim {hidden_dim} is not divisible by num_heads "
                 f"{self.num_heads}."
             )
-        self.head_dim = hidden_dim // self.num_heads
+        self.head_dim = self.head_dim_arg or hidden_dim // self.num_heads
+        inner = self.num_heads * self.head_dim
         # Created here because their width is the input's; the parent's
         # policy (a DTypePolicyMap after a quantized reload) reaches them.
         self.qkv = keras.layers.Dense(
-            3 * hidden_dim,
+            3 * inner,
             use_bias=self.qkv_bias,
             dtype=self.dtype_policy,
             name="qkv",
         )
         self.qkv.build((None, hidden_dim))
         self.proj = keras.layers.Dense(hidden_dim, dtype=self.dtype_policy, name="proj")
-        self.proj.build((None, hidden_dim))
+        self.proj.build((None, inner))
         self.probs_dropout.build(input_shape)
         self.output_dropout.build(input_shape)
 
@@ -173,7 +184,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         out = ops.transpose(
             ops.reshape(out, (-1, heads, queries, head_dim)), (0, 2, 1, 3)
         )
-        out = self.proj(ops.reshape(out, (-1, hidden_dim)))
+        out = self.proj(ops.reshape(out, (-1, heads * head_dim)))
         out = ops.reshape(out, (-1, queries, hidden_dim))
         out = self.output_dropout(out, training=training)
         if return_attention_scores:
@@ -197,6 +208,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             "qkv_bias": self.qkv_bias,
             "attention_dropout_rate": self.attention_dropout_rate,
             "dropout_rate": self.dropout_rate,
+            "head_dim": self.head_dim_arg,
         }
         return with_sublayer_policies(self, config)
 
@@ -352,6 +364,8 @@ class TransformerBlock(keras.layers.Layer):
         layer_scale_init: float or None, LayerScale initial value; None
             disables LayerScale.
         layer_norm_epsilon: float, epsilon of both LayerNorms.
+        head_dim: int or None, width of each attention head; None means
+            `hidden_dim // num_heads` (see `MultiHeadSelfAttention`).
 
     Call arguments:
         x: `(batch, num_tokens, hidden_dim)`.
@@ -374,10 +388,12 @@ class TransformerBlock(keras.layers.Layer):
         qkv_bias: bool = True,
         layer_scale_init: float | None = None,
         layer_norm_epsilon: float = 1e-6,
+        head_dim: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
+        self.head_dim = None if head_dim is None else int(head_dim)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
         self.attention_dropout_rate = _check_rate(
@@ -399,6 +415,7 @@ class TransformerBlock(keras.layers.Layer):
             attention_dropout_rate=attention_dropout_rate,
             dropout_rate=dropout_rate,
             dtype=policy,
+            head_dim=head_dim,
             name="attention",
         )
         self.norm2 = keras.layers.LayerNormalization(
@@ -469,5 +486,6 @@ class TransformerBlock(keras.layers.Layer):
             "qkv_bias": self.qkv_bias,
             "layer_scale_init": self.layer_scale_init,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "head_dim": self.head_dim,
         }
         return with_sublayer_policies(self, config)

@@ -89,6 +89,7 @@ class ModelConfig:
     resize_at: tuple = ()
     pretrained: str = ""
     freeze_backbone: bool = False
+    distilled: bool = False  # DeiT class + distillation tokens and heads
 
 
 @dataclass
@@ -117,6 +118,27 @@ class OptimConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Distillation from a frozen teacher (`keras_vit.training.distill`).
+
+    `teacher`: "" (none), a `.keras` classifier (keras_vit or any Keras
+    model, e.g. a CNN) or a checkpoint `convert_checkpoint` reads. `kind`:
+    `hard` (the teacher's argmax, DeiT) or `soft` (KL at `temperature`).
+    `weight`: the distillation loss's share, `(1 - weight) * CE + weight *
+    distillation`. `teacher_mean` / `teacher_std`: the teacher's input
+    normalisation of `pixels / pixel_scale`; () takes the `metadata.json`
+    beside a `.keras` teacher, else the data's.
+    """
+
+    teacher: str = ""
+    kind: str = "hard"
+    temperature: float = 1.0
+    weight: float = 0.5
+    teacher_mean: tuple = ()
+    teacher_std: tuple = ()
+
+
+@dataclass
 class TrainConfig:
     """One training run. Steps count batches (`optimizer.iterations`); a
     Keras "epoch" is one checkpoint interval of `checkpoint_every` steps."""
@@ -142,9 +164,15 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig}
+_SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "distill": DistillConfig,
+}
 
 
 def config_keys() -> list[str]:
@@ -256,6 +284,7 @@ def validate(config: TrainConfig) -> TrainConfig:
     _validate_optim(config.optim)
     _validate_schedule(config)
     validate_data_config(config.data)
+    _validate_distill(config.distill)
     return config
 
 
@@ -348,6 +377,15 @@ def _validate_schedule(config: TrainConfig) -> None:
                 f"{config.checkpoint_every}; got {step!r} in {resize_at!r}."
             )
         previous = step
+
+
+def _validate_distill(distill: DistillConfig) -> None:
+    if distill.kind not in ("hard", "soft"):
+        raise ValueError(
+            f"distill.kind must be one of ['hard', 'soft'], got {distill.kind!r}."
+        )
+    _check("distill.temperature", distill.temperature, 1e-6)
+    _check("distill.weight", distill.weight, 0.0, 1.0)
 
 
 def smoke_version(config: TrainConfig) -> TrainConfig:

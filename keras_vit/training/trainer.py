@@ -24,6 +24,7 @@ from keras_vit.models.resolution import with_image_size
 from keras_vit.models.vit import ARCHITECTURE_KEYS, ViT
 from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import data as data_lib
+from keras_vit.training import distill as distill_lib
 from keras_vit.training import distribute
 from keras_vit.training.config import (
     ModelConfig,
@@ -74,6 +75,7 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
         dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate,
         drop_path_rate=m.drop_path_rate,
+        distilled=m.distilled,
         **options,
     )
     if m.pretrained and Path(m.pretrained).suffix != ".keras":
@@ -346,17 +348,17 @@ def _train(config: TrainConfig, settings: dict) -> dict:
     labels = data_lib.class_names(config.data, config.model.image_size)
     keras.utils.set_random_seed(config.seed)
     stages = _stages(config)
-    model, step = _restore(config, strategy, stages, len(labels), run_dir)
-    model, step, skipped, trained = _fit_stages(
-        model, config, strategy, stages, step, run_dir, chief
+    model, fitted, step = _restore(config, strategy, stages, len(labels), run_dir)
+    model, fitted, step, skipped, trained = _fit_stages(
+        model, fitted, config, strategy, stages, step, run_dir, chief
     )
     if config.optim.use_ema and not trained:
         # `fit` swaps the EMA weights in when it ends; checkpoints hold the
         # raw ones, so a rerun of a finished run swaps them in itself.
-        model.optimizer.finalize_variable_values(model.trainable_variables)
+        fitted.optimizer.finalize_variable_values(model.trainable_variables)
     train_seconds = time.perf_counter() - started
     size = stages[-1][2]
-    metadata = _evaluate(model, config, size, step)
+    metadata = _evaluate(fitted, config, size, step)
     metadata.update(
         train_seconds=round(train_seconds, 2),
         run_dir=str(run_dir),
@@ -378,7 +380,9 @@ def _train(config: TrainConfig, settings: dict) -> dict:
 def _restore(config, strategy, stages, num_classes, run_dir):
     """Builds the model at the size of the latest checkpoint's stage (a
     checkpoint holds the model at the size of the stage that wrote it) and
-    restores it; returns `(model, step)`."""
+    restores it; returns `(model, fitted, step)`: with a teacher, `fit` (and
+    the checkpoints) run on a Distiller around the model (`fitted`), and
+    `model` stays the student that is saved; otherwise both are the model."""
     checkpoints = run_dir / "checkpoints"
     saved = [entry["step"] for entry in checkpoint_lib.list_checkpoints(checkpoints)]
     latest = max(saved, default=0)
@@ -386,13 +390,14 @@ def _restore(config, strategy, stages, num_classes, run_dir):
         model = build_model(
             config, num_classes, stages[_stage_of_checkpoint(stages, latest)][2]
         )
-        _compile(model, config, strategy, 0)
-    return model, checkpoint_lib.restore_latest(checkpoints, model)
+        fitted = distill_lib.wrap(model, config)
+        _compile(fitted, config, strategy, 0)
+    return model, fitted, checkpoint_lib.restore_latest(checkpoints, fitted)
 
 
-def _fit_stages(model, config, strategy, stages, step, run_dir, chief):
-    """Trains each resolution stage not yet done; returns `(model, step,
-    skipped-image counters, whether anything trained)`."""
+def _fit_stages(model, fitted, config, strategy, stages, step, run_dir, chief):
+    """Trains each resolution stage not yet done; returns `(model, fitted,
+    step, skipped-image counters, whether anything trained)`."""
     ce = config.checkpoint_every
     skipped = []
     trained = False
@@ -402,7 +407,8 @@ def _fit_stages(model, config, strategy, stages, step, run_dir, chief):
         if tuple(model.input_shape[1:3]) != (size, size):
             with strategy.scope():
                 model = with_image_size(model, size)
-                _compile(model, config, strategy, step)
+                fitted = distill_lib.wrap(model, config)
+                _compile(fitted, config, strategy, step)
         train_ds = data_lib.make_train_dataset(
             config.data, size, config.batch_size, config.seed, start_step=step
         )
@@ -416,7 +422,7 @@ def _fit_stages(model, config, strategy, stages, step, run_dir, chief):
                 ),
                 validation_freq=config.eval_every,
             )
-        model.fit(
+        fitted.fit(
             train_ds,
             steps_per_epoch=ce,
             epochs=end // ce,
@@ -428,10 +434,10 @@ def _fit_stages(model, config, strategy, stages, step, run_dir, chief):
         )
         step = end
         trained = True
-    return model, step, skipped, trained
+    return model, fitted, step, skipped, trained
 
 
-def _evaluate(model, config, size, step) -> dict:
+def _evaluate(fitted, config, size, step) -> dict:
     """Held-out accuracy and loss, as the first keys of the run metadata."""
     eval_ds = data_lib.make_eval_dataset(
         config.data,
@@ -439,7 +445,7 @@ def _evaluate(model, config, size, step) -> dict:
         config.eval_batch_size,
         max_batches=2 if config.smoke else None,
     )
-    results = model.evaluate(eval_ds, verbose=0, return_dict=True)
+    results = fitted.evaluate(eval_ds, verbose=0, return_dict=True)
     accuracy = float(results["accuracy"])
     print(f"{config.name}: held-out accuracy {accuracy:.4f} after {step} steps")
     return {
@@ -447,7 +453,7 @@ def _evaluate(model, config, size, step) -> dict:
         "accuracy": accuracy,
         "eval_loss": float(results["loss"]),
         "steps": int(step),
-        "optimizer_iterations": int(model.optimizer.iterations.numpy()),
+        "optimizer_iterations": int(fitted.optimizer.iterations.numpy()),
     }
 
 
