@@ -4,8 +4,8 @@ call into the package."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import io
+import json
 import re
 import sys
 from contextlib import redirect_stderr, redirect_stdout

@@ -384,7 +384,9 @@ def _validate_distill(distill: DistillConfig) -> None:
         raise ValueError(
             f"distill.kind must be one of ['hard', 'soft'], got {distill.kind!r}."
         )
-    _check("distill.temperature", distill.temperature, 1e-6)
+    _check("distill.temperature", distill.temperature, 0.0)
+    if distill.temperature == 0:
+        raise ValueError("distill.temperature must be > 0, got 0.0.")
     _check("distill.weight", distill.weight, 0.0, 1.0)
 
 
