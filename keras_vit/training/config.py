@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 from keras_vit.models.preprocessing import RESIZE_METHODS
 
+MODEL_KINDS = ("vit", "hybrid", "cnn")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 STRATEGY_NAMES = ("default", "mirrored", "multiworker", "tpu")
 
 
-SOURCES = ("digits", "synthetic", "folder", "tfrecord", "tfds", "arrays")
+SOURCES = ("digits", "synthetic", "folder", "tfrecord", "tfds", "arrays", "mnist5k")
 
 
 @dataclass
@@ -50,6 +51,11 @@ class DataConfig:
     flip: bool = False
     randaugment_ops: int = 0
     randaugment_magnitude: float = 0.5
+    # A random affine warp after the resize (see `augment.Augmenter`): shift
+    # as a fraction of the side, rotation in degrees, relative zoom.
+    translate: float = 0.0
+    rotate: float = 0.0
+    zoom: float = 0.0
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     arrays: dict | None = field(default=None, repr=False)  # in-process only
@@ -69,6 +75,7 @@ class ModelConfig:
     linear probe, only the head trains.
     """
 
+    kind: str = "vit"
     variant: str = "Ti/16"
     image_size: int = 224
     patch_size: int = 0
@@ -85,6 +92,11 @@ class ModelConfig:
     resize_at: tuple = ()
     pretrained: str = ""
     freeze_backbone: bool = False
+    # kind="hybrid": ResNet-v2 stem blocks per stage (() = the paper's R50) and
+    # its width (0 = 64); kind="cnn": SmallCNN's filters per stage.
+    stem: tuple = ()
+    stem_width: int = 0
+    cnn_widths: tuple = (32, 64, 128)
 
 
 @dataclass
@@ -244,6 +256,7 @@ def validate(config: TrainConfig) -> TrainConfig:
         ("precision", config.precision, PRECISIONS),
         ("strategy", config.strategy, STRATEGY_NAMES),
         ("model.pooling", config.model.pooling, ("token", "gap")),
+        ("model.kind", config.model.kind, MODEL_KINDS),
     ):
         if value not in choices:
             raise ValueError(f"{key} must be one of {list(choices)}, got {value!r}.")
@@ -398,6 +411,9 @@ def validate_data_config(config: DataConfig) -> None:
         "crop_scale_min": (1e-6, 1.0),
         "randaugment_ops": (0, 11),
         "randaugment_magnitude": (0.0, 1.0),
+        "translate": (0.0, 0.5),
+        "rotate": (0.0, 180.0),
+        "zoom": (0.0, 0.9),
         "mixup_alpha": (0.0, None),
         "cutmix_alpha": (0.0, None),
     }

@@ -30,6 +30,7 @@ from keras_vit.training.config import (
     override,
     validate,
 )
+from keras_vit.training.model_kinds import build_kind
 from keras_vit.training.finetune import (
     HEAD_LAYERS,
     LayerDecayAdamW,
@@ -56,8 +57,11 @@ NO_DECAY_NAMES = ("pos_embedding", "cls_token", "dist_token")
 
 
 def build_model(config: TrainConfig, num_classes: int, image_size: int | None = None):
-    """The recipe's ViT at `image_size` (default `model.image_size`)."""
+    """The recipe's ViT (or `model.kind` baseline) at `image_size` (default
+    `model.image_size`)."""
     m = config.model
+    if m.kind != "vit":
+        return build_kind(config, num_classes, image_size or m.image_size)
     options = {
         key: getattr(m, key) or None
         for key in (
@@ -313,7 +317,7 @@ def train(config: TrainConfig) -> dict:
 
 
 def _train(config: TrainConfig) -> dict:
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     run_dir = Path(config.run_dir or Path("runs") / config.name)
     strategy = distribute.get_strategy(config.strategy)
     distribute.per_replica_batch_size(config.batch_size, strategy)
@@ -376,6 +380,9 @@ def _train(config: TrainConfig) -> dict:
         # raw ones, so a rerun of a finished run swaps them in itself.
         model.optimizer.finalize_variable_values(model.trainable_variables)
     train_seconds = time.perf_counter() - started
+    # CPU time of all threads: on a shared machine wall time is inflated, and
+    # CPU-seconds / cores is what a quiet machine would take.
+    train_cpu_seconds = time.process_time() - cpu_started
 
     size = stages[-1][2]
     eval_ds = data_lib.make_eval_dataset(
@@ -395,6 +402,7 @@ def _train(config: TrainConfig) -> dict:
         "steps": int(step),
         "optimizer_iterations": int(model.optimizer.iterations.numpy()),
         "train_seconds": round(train_seconds, 2),
+        "train_cpu_seconds": round(train_cpu_seconds, 2),
         "run_dir": str(run_dir),
         "precision": config.precision,
         "strategy": config.strategy,
