@@ -30,13 +30,13 @@ from keras_vit.training.config import (
     override,
     validate,
 )
-from keras_vit.training.model_kinds import build_kind
 from keras_vit.training.finetune import (
     HEAD_LAYERS,
     LayerDecayAdamW,
     freeze_backbone,
     layer_decay_multipliers,
 )
+from keras_vit.training.model_kinds import build_kind
 
 __all__ = [
     "ModelConfig",

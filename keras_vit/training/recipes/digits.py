@@ -18,9 +18,11 @@ def get_config() -> TrainConfig:
     return TrainConfig(
         name="digits",
         batch_size=64,
-        total_steps=900,
+        # 2,700 steps (120 epochs): with the augmentation below the model
+        # still gains at 900 (0.9833 at seed 0, training accuracy 0.98).
+        total_steps=2700,
         checkpoint_every=100,
-        eval_every=3,  # held-out accuracy in the curves at steps 300, 600, 900
+        eval_every=3,  # held-out accuracy in the curves every 300 steps
         export_name="vit_digits",
         model=ModelConfig(
             variant="Ti/4",
@@ -39,6 +41,15 @@ def get_config() -> TrainConfig:
             # Bilinear upsampling of the 8x8 digits generalises better than
             # nearest (held-out 0.989 vs 0.969 at seed 1).
             resize_method="bilinear",
+            # A pixel of shift (at 16x16: half a pixel of the 8x8 original),
+            # +-10 degrees, +-10% scale. Without it the model reached 0.9997
+            # training accuracy and 0.9778 held out; a shift alone of 2
+            # pixels underfits at 900 steps (0.9722), twice this warp (2
+            # pixels, 15 degrees, 15%) learns slower (0.9667 vs 0.9917 at
+            # step 1,200).
+            translate=0.0625,
+            rotate=10.0,
+            zoom=0.1,
         ),
         optim=OptimConfig(
             learning_rate=2e-3,
