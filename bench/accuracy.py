@@ -56,7 +56,7 @@ def sklearn_row(estimator_name: str):
     """A row that fits a scikit-learn classifier on the pixels scaled to
     0..1 (flattened); deterministic, so it runs once."""
 
-    def run(dataset: str, seed: int, quick: bool) -> dict:
+    def run(dataset: str, seed: int, quick: bool, only_finished: bool) -> dict:
         from sklearn.neighbors import KNeighborsClassifier
         from sklearn.svm import SVC
 
@@ -93,7 +93,7 @@ def trainer_row(overrides: dict):
     """A row trained by `keras_vit.training.trainer` from the data set's
     recipe with `overrides` (e.g. `model.kind`)."""
 
-    def run(dataset: str, seed: int, quick: bool) -> dict:
+    def run(dataset: str, seed: int, quick: bool, only_finished: bool):
         from keras_vit.training import trainer
         from keras_vit.training.recipes import load_recipe
 
@@ -110,7 +110,10 @@ def trainer_row(overrides: dict):
         if quick:
             values["smoke"] = "true"
         config = load_recipe(RECIPES[dataset], values)
-        metadata = _finished(config) or trainer.train(config)
+        metadata = _finished(config)
+        if metadata is None and only_finished:
+            return None
+        metadata = metadata or trainer.train(config)
         classes = len(metadata["labels"])
         model = trainer.build_model(config, classes)
         return {
@@ -133,14 +136,21 @@ def _finished(config) -> dict | None:
     if not (run_dir / "metadata.json").is_file():
         return None
     stored = json.loads((run_dir / "config.json").read_text())
-    if stored != json.loads(json.dumps(trainer._as_dict(config))):
+    wanted = json.loads(json.dumps(trainer._as_dict(config)))
+    # Keys that do not change the training (where it writes, what it prints,
+    # how often it evaluates on the side).
+    for key in ("run_dir", "verbose", "eval_every", "export_name", "export_root"):
+        stored.pop(key, None)
+        wanted.pop(key, None)
+    if stored != wanted:
         return None
     metadata = json.loads((run_dir / "metadata.json").read_text())
     return metadata if metadata["steps"] == config.total_steps else None
 
 
-# id -> (label, kind, runner). A runner takes (dataset, seed, quick) and returns
-# accuracy, parameters, train_seconds and train_cpu_seconds. Deterministic
+# id -> (label, kind, runner). A runner takes (dataset, seed, quick,
+# only_finished) and returns accuracy, parameters, train_seconds and
+# train_cpu_seconds (None: only_finished and no finished run). Deterministic
 # kinds run once. A distilled ViT (the compression issue) joins as one more
 # trainer row here, kind "distilled", once the trainer can distil.
 ROWS = {
@@ -160,20 +170,31 @@ ROWS = {
 DETERMINISTIC = ("svm", "knn")
 
 
-def measure(dataset: str, seeds: list[int], quick: bool, rows: list[str]) -> dict:
+def measure(
+    dataset: str,
+    seeds: list[int],
+    quick: bool,
+    rows: list[str],
+    only_finished: bool = False,
+) -> dict:
     results = []
     for row in rows:
         label, kind, run = ROWS[row]
-        runs = []
+        runs, done = [], []
         for seed in seeds[:1] if kind in DETERMINISTIC else seeds:
-            runs.append(run(dataset, seed, quick))
-            print(f"{dataset} | {label} | seed {seed} | {runs[-1]}", flush=True)
+            result = run(dataset, seed, quick, only_finished)
+            print(f"{dataset} | {label} | seed {seed} | {result}", flush=True)
+            if result is not None:
+                runs.append(result)
+                done.append(seed)
+        if not runs:
+            continue
         accuracies = [r["accuracy"] for r in runs]
         results.append(
             {
                 "model": label,
                 "kind": kind,
-                "seeds": seeds[:1] if kind in DETERMINISTIC else seeds,
+                "seeds": done,
                 "accuracies": accuracies,
                 "accuracy_mean": statistics.fmean(accuracies),
                 "accuracy_min": min(accuracies),
@@ -242,6 +263,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="two training steps, one seed"
     )
+    parser.add_argument(
+        "--only-finished",
+        action="store_true",
+        help="collect finished runs from $ACCURACY_RUNS, train nothing",
+    )
     parser.add_argument("--out", type=Path, help="default bench/results/...json")
     parser.add_argument(
         "--readme", action="store_true", help="rewrite the README table from JSON"
@@ -256,7 +282,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dataset:
         seeds = args.seeds[:1] if args.quick else args.seeds
-        report = measure(args.dataset, seeds, args.quick, args.rows)
+        report = measure(args.dataset, seeds, args.quick, args.rows, args.only_finished)
         out = args.out or RESULTS / f"accuracy_{args.dataset}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")
