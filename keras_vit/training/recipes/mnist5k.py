@@ -8,7 +8,12 @@
 stratified, `keras_vit.training.sources.mnist5k_arrays`). The digits recipe's
 model and schedule with 7x7 patches (16 tokens) and the same small random
 shifts, rotations and zooms.
-Result: MEASURED.
+
+Measured (seed 0, 2,700 steps, 270 CPU-seconds, about 2-3 minutes on a quiet
+2-core machine): 0.9580 held out, training accuracy 0.956 (with the
+augmentation on): it underfits, unlike the digits model. Smaller patches (4x4:
+49 tokens) or more steps are the obvious next step, at about 3x the compute;
+not measured. Baselines on this split: `bench/results/accuracy_mnist5k.json`.
 """
 
 import dataclasses
