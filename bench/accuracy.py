@@ -102,7 +102,10 @@ def trainer_row(overrides: dict):
         values = {
             **overrides,
             "seed": str(seed),
-            "run_dir": str(run_dir / dataset / f"{kind}_seed{seed}"),
+            # Quick runs apart: a resumed full run would end a 2-step one.
+            "run_dir": str(
+                run_dir / dataset / f"{kind}_seed{seed}{'_quick' if quick else ''}"
+            ),
             "export_name": "",
             "verbose": "0",
             "eval_every": "0",
@@ -127,9 +130,10 @@ def trainer_row(overrides: dict):
 
 
 def _finished(config) -> dict | None:
-    """The metadata of a finished run of exactly this config in its run
-    folder: runs started in parallel processes (`--rows`, `--seeds`, the same
-    `ACCURACY_RUNS`) are collected by a later call instead of retrained."""
+    """The metadata of a finished run of this config (up to where it writes
+    and how often it evaluates) in its run folder: runs started in parallel
+    processes (`--rows`, `--seeds`, the same `ACCURACY_RUNS`) are collected
+    by a later call instead of retrained."""
     from keras_vit.training import trainer
 
     run_dir = Path(config.run_dir)
