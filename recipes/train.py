@@ -44,7 +44,11 @@ def main(argv: list[str]) -> int:
         return 2
     from keras_vit.training.trainer import train
 
-    metadata = train(config)
+    try:
+        metadata = train(config)
+    except ValueError as error:  # bad data, a missing optional package: one line
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(run_summary(metadata, config.export_root))
     return 0
 

@@ -11,6 +11,7 @@ seeds derived from the element being transformed.
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras.src.backend import random_seed_dtype
 from keras.src.random.seed_generator import SeedGenerator
@@ -84,6 +85,13 @@ class Augmenter:
         flip: random horizontal flips.
         randaugment_ops: number of RandAugment operations per image, 0 = off.
         randaugment_magnitude: RandAugment's `factor` in [0, 1].
+        translate: largest random shift, as a fraction of the image side
+            (0.125 at 16x16 is two pixels); 0 = off.
+        rotate: largest random rotation in degrees; 0 = off.
+        zoom: largest relative change of scale (0.1: 0.9x to 1.1x); 0 = off.
+            Shift, rotation and zoom are one affine warp at the model's
+            resolution (one interpolation, not three); pixels brought in
+            from outside are 0, the background of digit data sets.
         mixup_alpha, cutmix_alpha: Beta parameters; 0 = off. With both on,
             each batch uses one of them, chosen at random (as timm does).
         pixel_scale: images arrive as floats in `[0, pixel_scale]`.
@@ -99,6 +107,9 @@ class Augmenter:
         flip: bool = False,
         randaugment_ops: int = 0,
         randaugment_magnitude: float = 0.5,
+        translate: float = 0.0,
+        rotate: float = 0.0,
+        zoom: float = 0.0,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
         pixel_scale: float = 255.0,
@@ -108,6 +119,7 @@ class Augmenter:
         self.image_size = tuple(image_size)
         self.crop_scale = crop_scale
         self.flip = flip
+        self.translate, self.rotate, self.zoom = translate, rotate, zoom
         self.resize_method = resize_method
         self.seed = int(seed)
         self._element_seed = ElementSeed()
@@ -182,6 +194,12 @@ class Augmenter:
             )
         else:
             image = tf.image.resize(image, self.image_size, method=self.resize_method)
+        if self.translate or self.rotate or self.zoom:
+            # fold_in rather than a fourth split keeps the other draws (and so
+            # earlier runs) unchanged.
+            image = self.affine(
+                image, tf.random.experimental.stateless_fold_in(base, 4)
+            )
         if self.flip:
             image = tf.image.stateless_random_flip_left_right(image, flip_seed)
         if self.randaugment is not None:
@@ -191,6 +209,36 @@ class Augmenter:
             self._element_seed.bind(layer_seed)
             image = self.rand_augment(image, choice_seed)
         return tf.cast(image, tf.float32)
+
+    def affine(self, image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        """A random shift / rotation / zoom about the image centre."""
+        height, width = self.image_size
+        shift, angle, scale = tf.split(
+            tf.random.stateless_uniform((4,), seed, -1.0, 1.0), [2, 1, 1]
+        )
+        shift = shift * self.translate * tf.constant([width, height], tf.float32)
+        angle = angle[0] * (self.rotate * np.pi / 180.0)
+        scale = 1.0 + scale[0] * self.zoom
+        # The op maps each output pixel back to an input one: the inverse
+        # rotation, divided by the scale, about the centre, minus the shift.
+        cos, sin = tf.cos(angle) / scale, tf.sin(angle) / scale
+        centre = tf.constant([(width - 1) / 2, (height - 1) / 2], tf.float32)
+        moved = centre + shift
+        transform = tf.stack(
+            [
+                cos,
+                sin,
+                centre[0] - cos * moved[0] - sin * moved[1],
+                -sin,
+                cos,
+                centre[1] + sin * moved[0] - cos * moved[1],
+                0.0,
+                0.0,
+            ]
+        )
+        return keras.ops.image.affine_transform(
+            image, transform, interpolation="bilinear", fill_mode="constant"
+        )
 
     def batch(self, images: tf.Tensor, labels: tf.Tensor, step: tf.Tensor):
         """MixUp / CutMix on a batch of normalised images and one-hot labels;

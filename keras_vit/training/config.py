@@ -19,10 +19,11 @@ from keras_vit.models.vit import ARCHITECTURE_KEYS
 
 # Keys that also take "auto" (resolved by keras_vit.hardware at train time).
 AUTO_KEYS = ("precision", "jit_compile")
+MODEL_KINDS = ("vit", "hybrid", "cnn")
 STRATEGY_NAMES = ("default", "mirrored", "multiworker", "tpu")
 
 
-SOURCES = ("digits", "synthetic", "folder", "tfrecord", "tfds", "arrays")
+SOURCES = ("digits", "synthetic", "folder", "tfrecord", "tfds", "arrays", "mnist5k")
 
 
 @dataclass
@@ -54,6 +55,11 @@ class DataConfig:
     flip: bool = False
     randaugment_ops: int = 0
     randaugment_magnitude: float = 0.5
+    # A random affine warp after the resize (see `augment.Augmenter`): shift
+    # as a fraction of the side, rotation in degrees, relative zoom.
+    translate: float = 0.0
+    rotate: float = 0.0
+    zoom: float = 0.0
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     arrays: dict | None = field(default=None, repr=False)  # in-process only
@@ -73,6 +79,7 @@ class ModelConfig:
     linear probe, only the head trains.
     """
 
+    kind: str = "vit"
     variant: str = "Ti/16"
     image_size: int = 224
     patch_size: int = 0
@@ -90,6 +97,11 @@ class ModelConfig:
     pretrained: str = ""
     freeze_backbone: bool = False
     distilled: bool = False  # DeiT class + distillation tokens and heads
+    # kind="hybrid": ResNet-v2 stem blocks per stage (() = the paper's R50) and
+    # its width (0 = 64); kind="cnn": SmallCNN's filters per stage.
+    stem: tuple = ()
+    stem_width: int = 0
+    cnn_widths: tuple = (32, 64, 128)
 
 
 @dataclass
@@ -295,6 +307,7 @@ def _validate_run(config: TrainConfig) -> None:
         ("strategy", config.strategy, STRATEGY_NAMES),
         ("model.pooling", config.model.pooling, ("token", "gap")),
         ("export_quantize", config.export_quantize, ("", "int8", "int4", "float8")),
+        ("model.kind", config.model.kind, MODEL_KINDS),
     ):
         if value not in choices:
             raise ValueError(f"{key} must be one of {list(choices)}, got {value!r}.")
@@ -460,6 +473,9 @@ def validate_data_config(config: DataConfig) -> None:
         "crop_scale_min": (1e-6, 1.0),
         "randaugment_ops": (0, 11),
         "randaugment_magnitude": (0.0, 1.0),
+        "translate": (0.0, 0.5),
+        "rotate": (0.0, 180.0),
+        "zoom": (0.0, 0.9),
         "mixup_alpha": (0.0, None),
         "cutmix_alpha": (0.0, None),
     }

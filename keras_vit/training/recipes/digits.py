@@ -5,10 +5,14 @@
 
 1,437 training images (8x8 ink levels scaled to 0..255, resized to 16x16
 bilinearly, normalised as (pixels / 255 - 0.5) / 0.5), 360 held out (the
-stratified split of keras_vit.training.sources.digits_arrays).
-Reaches ~0.98 held-out accuracy in about a minute on 2 CPU cores, writes
-runs/digits/ (model.keras, metadata.json, history.csv, curves.png,
-tensorboard/) and exports saved_models/vit_digits.
+stratified split of keras_vit.training.sources.digits_arrays), trained on random shifts of up to a
+pixel, rotations of up to 10 degrees and zooms of up to 10%.
+Held-out accuracy over seeds 0, 1, 2: 1.0000, 0.9944, 0.9972 (mean 0.9972;
+SVC(C=10) scores 0.9944, kNN 0.9861; bench/results/accuracy_digits.json),
+237-270 CPU-seconds of training each, about 2-3 minutes on a quiet 2-core
+machine. Writes runs/digits/ (model.keras, metadata.json with accuracy and
+train_seconds / train_cpu_seconds, history.csv, curves.png, tensorboard/)
+and exports saved_models/vit_digits.
 """
 
 from keras_vit.training.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
@@ -22,9 +26,11 @@ def get_config() -> TrainConfig:
         precision="auto",
         jit_compile="auto",
         batch_size=64,
-        total_steps=900,
+        # 2,700 steps (120 epochs): with the augmentation below the model
+        # still gains at 900 (0.9833 at seed 0, training accuracy 0.98).
+        total_steps=2700,
         checkpoint_every=100,
-        eval_every=3,  # held-out accuracy in the curves at steps 300, 600, 900
+        eval_every=3,  # held-out accuracy in the curves every 300 steps
         export_name="vit_digits",
         model=ModelConfig(
             variant="Ti/4",
@@ -43,6 +49,15 @@ def get_config() -> TrainConfig:
             # Bilinear upsampling of the 8x8 digits generalises better than
             # nearest (held-out 0.989 vs 0.969 at seed 1).
             resize_method="bilinear",
+            # A pixel of shift (at 16x16: half a pixel of the 8x8 original),
+            # +-10 degrees, +-10% scale. Without it the model reached 0.9997
+            # training accuracy and 0.9778 held out; a shift alone of 2
+            # pixels underfits at 900 steps (0.9722), twice this warp (2
+            # pixels, 15 degrees, 15%) learns slower (0.9667 vs 0.9917 at
+            # step 1,200).
+            translate=0.0625,
+            rotate=10.0,
+            zoom=0.1,
         ),
         optim=OptimConfig(
             learning_rate=2e-3,

@@ -1,0 +1,52 @@
+"""The models besides a plain ViT that a recipe can train (`model.kind`):
+the hybrid CNN-stem ViT and a small CNN, the baselines of
+`bench/accuracy.py`, built from the same config and trained by the same
+trainer."""
+
+from __future__ import annotations
+
+import keras
+
+from keras_vit.models.cnn import SmallCNN
+from keras_vit.models.hybrid import HybridViT
+from keras_vit.training.config import TrainConfig
+
+
+def build_kind(config: TrainConfig, num_classes: int, image_size: int) -> keras.Model:
+    """`model.kind="hybrid"`: `HybridViT` with a ResNet-v2 stem of `model.stem`
+    blocks per stage, `model.stem_width` wide, and the transformer of
+    `model.variant` / `hidden_dim` / ...; `"cnn"`: `SmallCNN(model.cnn_widths)`
+    with `model.dropout_rate` before its head."""
+    m = config.model
+    if m.pretrained or m.freeze_backbone:
+        raise ValueError(
+            f"model.pretrained and model.freeze_backbone apply to model.kind='vit', "
+            f"got kind={m.kind!r}."
+        )
+    if m.kind == "cnn":
+        return SmallCNN(
+            image_size,
+            num_classes,
+            widths=tuple(m.cnn_widths),
+            num_channels=config.data.num_channels,
+            dropout_rate=m.dropout_rate,
+        )
+    stem_width = m.stem_width or 64
+    return HybridViT(
+        m.variant.partition("/")[0],
+        image_size,
+        num_classes,
+        stem=tuple(m.stem) or "R50",
+        stem_width=stem_width,
+        # GroupNorm's 32 groups need 32 channels; a narrow stem gets fewer.
+        norm_groups=min(32, stem_width),
+        num_channels=config.data.num_channels,
+        hidden_dim=m.hidden_dim or None,
+        num_layers=m.num_layers or None,
+        num_heads=m.num_heads or None,
+        mlp_dim=m.mlp_dim or None,
+        pooling=m.pooling,
+        dropout_rate=m.dropout_rate,
+        attention_dropout_rate=m.attention_dropout_rate,
+        drop_path_rate=m.drop_path_rate,
+    )
