@@ -134,7 +134,6 @@ def _add_predict(command) -> None:
     predict = command(
         "predict",
         cmd_predict,
-        cmd_prune,
         "top-k labels for image files",
         "Prints the top-k labels of each image from a SavedModel folder, a "
         ".tflite file or a .keras file with its metadata.json.",
