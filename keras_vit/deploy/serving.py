@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.models import image_bytes
 from keras_vit.models.preprocessing import (
     normalize_pixels,
     resize_pixels,
@@ -134,6 +135,46 @@ def prediction_log_bytes(model_name: str, signature: str, inputs: dict) -> bytes
     return log.SerializeToString()
 
 
+# How far pixels may overshoot [0, pixel_scale], as a fraction of it, before
+# they are refused (the SavedModel's serving_default allows the same).
+PIXEL_RANGE_SLACK = 0.01
+
+
+def check_pixel_batch(pixels, shape, pixel_scale: float | None = None) -> np.ndarray:
+    """`pixels` as a float32 `(batch, *shape)` array after the checks the
+    SavedModel's `serving_default` makes in its graph, with the same wording:
+    numeric dtype, rank 4, size and channels, and (with `pixel_scale`) values
+    in `[0, pixel_scale]` (1% slack), else finite. ValueError otherwise."""
+    expected = f"(batch, {', '.join(str(d) for d in shape)})"
+    array = np.asarray(pixels)
+    if array.dtype.kind not in "iuf":
+        raise ValueError(
+            f"`{SERVING_INPUT}` must be a numeric array of raw pixel values "
+            f"{expected}; got dtype {array.dtype}."
+        )
+    if array.ndim != 4 or tuple(array.shape[1:]) != tuple(shape):
+        raise ValueError(
+            f"`{SERVING_INPUT}` must have shape {expected}; got shape "
+            f"{tuple(array.shape)}."
+        )
+    array = np.ascontiguousarray(array, dtype="float32")
+    if array.size == 0:
+        return array
+    low, high = float(np.min(array)), float(np.max(array))
+    if pixel_scale is None:
+        if not np.all(np.isfinite(array)):
+            raise ValueError(f"`{SERVING_INPUT}` must be finite; got NaN or Inf.")
+    else:
+        slack = PIXEL_RANGE_SLACK * pixel_scale
+        # NaN fails both comparisons, as in the graph's check.
+        if not (np.all(array >= -slack) and np.all(array <= pixel_scale + slack)):
+            raise ValueError(
+                f"`{SERVING_INPUT}` must be finite raw pixel values in "
+                f"[0, {pixel_scale:g}]; got values from {low:g} to {high:g}."
+            )
+    return array
+
+
 def _to_pixels(item, preprocessing: dict) -> np.ndarray:
     """One image (a file path or an `(h, w)` / `(h, w, c)` array of raw pixels)
     as float32 `(h, w, c)`."""
@@ -142,22 +183,7 @@ def _to_pixels(item, preprocessing: dict) -> np.ndarray:
         path = Path(item)
         if not path.is_file():
             raise FileNotFoundError(f"image {str(item)!r} does not exist")
-        contents = path.read_bytes()
-        try:
-            if contents.startswith(b"\xff\xd8\xff") and channels in (1, 3):
-                # As the bytes signature decodes JPEGs (accurate IDCT).
-                decoded = tf.io.decode_jpeg(
-                    contents, channels=channels, dct_method="INTEGER_ACCURATE"
-                )
-            else:
-                decoded = tf.io.decode_image(
-                    contents, channels=channels, expand_animations=False
-                )
-        except tf.errors.InvalidArgumentError:
-            raise ValueError(
-                f"cannot decode image {str(item)!r}: expected a JPEG, PNG, GIF or "
-                "BMP file"
-            ) from None
+        decoded = _decode_file(path, channels)
         return decoded.numpy().astype("float32") * (
             preprocessing["pixel_scale"] / 255.0
         )
@@ -172,10 +198,43 @@ def _to_pixels(item, preprocessing: dict) -> np.ndarray:
     return array
 
 
+def _decode_file(path: Path, channels: int) -> tf.Tensor:
+    """A JPEG / PNG / GIF / BMP file as uint8 `(h, w, channels)`; a file that
+    is none of these, declares more than `FILE_MAX_PIXELS` or cannot be
+    decoded is a ValueError naming it and why."""
+    contents = tf.constant(path.read_bytes())
+    fmt = int(image_bytes.image_format(contents))
+    if not fmt:
+        raise ValueError(
+            f"cannot decode image {str(path)!r}: its {int(tf.strings.length(contents))}"
+            " bytes are not a JPEG, PNG, GIF or BMP file"
+        )
+    kind = image_bytes.FORMAT_NAMES[fmt]
+    try:
+        height, width = (int(v) for v in image_bytes.declared_size(contents, fmt))
+        if height * width > image_bytes.FILE_MAX_PIXELS:
+            raise ValueError(
+                f"image {str(path)!r} ({kind}) declares {width} x {height} pixels, "
+                f"more than {image_bytes.FILE_MAX_PIXELS}; refused before decoding"
+            )
+        if fmt == image_bytes.JPEG and channels in (1, 3):
+            # As the bytes signature decodes JPEGs (accurate IDCT).
+            return tf.io.decode_jpeg(
+                contents, channels=channels, dct_method="INTEGER_ACCURATE"
+            )
+        return image_bytes.decode_to_channels(contents, channels, fmt)
+    except tf.errors.InvalidArgumentError as error:
+        reason = error.message.split(" [Op:")[0].split("}} ")[-1]
+        raise ValueError(
+            f"cannot decode image {str(path)!r} ({kind} file, damaged?): {reason}"
+        ) from None
+
+
 def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
     """Files or arrays -> a float32 raw pixel batch `(n, H, W, C)` at the model
-    size, resized as the bytes signature does. Raises ValueError on NaN / Inf
-    (a `.tflite` file would not catch them)."""
+    size, resized as the bytes signature does (a resized image is clipped to
+    `[0, pixel_scale]`, which bicubic kernels overshoot). Raises ValueError on
+    NaN / Inf (a `.tflite` file would not catch them)."""
     if isinstance(images_or_paths, str | os.PathLike):
         items = [images_or_paths]
     elif isinstance(images_or_paths, np.ndarray) and images_or_paths.ndim == 4:
@@ -193,6 +252,8 @@ def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
             raise ValueError(f"image {index} holds NaN or Inf pixels.")
         if list(pixels.shape[:2]) != preprocessing["image_size"]:
             pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
+            # Bicubic / Lanczos resizing overshoots the range a little.
+            pixels = np.clip(pixels, 0.0, preprocessing["pixel_scale"])
         batch.append(pixels)
     return np.stack(batch).astype("float32")
 
@@ -273,14 +334,19 @@ def predict(
     if not isinstance(metadata, dict):
         metadata = json.loads(Path(metadata).read_text())
     labels = metadata["labels"]
-    pixels = load_pixels(images_or_paths, metadata["preprocessing"])
+    pre = metadata["preprocessing"]
+    pixels = load_pixels(images_or_paths, pre)
+    shape = (*pre["image_size"], pre["num_channels"])
+    pixels = check_pixel_batch(pixels, shape, pre["pixel_scale"])
     if path.is_dir():
         signature = tf.saved_model.load(str(path)).signatures["serving_default"]
         probabilities = signature(pixels=tf.constant(pixels))["probabilities"]
     elif path.suffix == ".tflite":
         from keras_vit.deploy.tflite import Runner
 
-        probabilities = Runner(path)(pixels)["probabilities"]
+        probabilities = Runner(path, pixel_scale=pre["pixel_scale"])(pixels)[
+            "probabilities"
+        ]
     else:
         import keras_vit.models  # noqa: F401  registers the layers for loading
 

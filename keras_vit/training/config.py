@@ -134,6 +134,9 @@ class TrainConfig:
     verbose: int = 1  # Keras progress bar: 0 silent, 1 bar, 2 one line per epoch
     export_name: str = ""  # "": no export into export_root
     export_root: str = "saved_models"
+    # Resume a run folder although trajectory settings changed (recorded in
+    # fingerprint.json and the run metadata); see training.run_folder.
+    allow_config_change: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -8,8 +8,6 @@ at step s is `make_train_dataset(..., start_step=s)` and
 
 from __future__ import annotations
 
-import csv
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ from keras_vit.models.resolution import with_image_size
 from keras_vit.models.vit import ARCHITECTURE_KEYS, ViT
 from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import data as data_lib
-from keras_vit.training import distribute
+from keras_vit.training import distribute, run_folder
 from keras_vit.training.config import (
     ModelConfig,
     OptimConfig,
@@ -202,9 +200,7 @@ def _callbacks(run_dir: Path, chief: bool):
     # and keeps the last good checkpoint.
     callbacks = [checkpoint_lib.CheckpointCallback(run_dir / "checkpoints")]
     if chief:
-        callbacks.append(
-            keras.callbacks.CSVLogger(str(run_dir / "history.csv"), append=True)
-        )
+        callbacks.append(run_folder.HistoryWriter(run_dir / run_folder.HISTORY_FILE))
         if _has_tensorboard():
             callbacks.append(
                 keras.callbacks.TensorBoard(
@@ -232,8 +228,7 @@ def plot_history(history_csv: Path, png: Path, steps_per_row: int = 1) -> Path |
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    with open(history_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = run_folder.read_history(history_csv)  # skips torn or foreign rows
     if not rows:
         return None
     steps = np.array([(int(r["epoch"]) + 1) * steps_per_row for r in rows])
@@ -310,9 +305,33 @@ def _train(config: TrainConfig) -> dict:
     strategy = distribute.get_strategy(config.strategy)
     distribute.per_replica_batch_size(config.batch_size, strategy)
     chief = distribute.is_chief(strategy)
-    if chief:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(_as_dict(config), indent=2))
+    lock, config_changes = _claim_run_folder(config, run_dir, strategy, chief)
+    try:
+        return _run(config, run_dir, strategy, chief, started, config_changes)
+    finally:
+        lock.release()
+
+
+def _claim_run_folder(config, run_dir, strategy, chief):
+    """The chief locks the run folder and checks the config against the run it
+    holds before writing anything there; returns `(lock, allowed changes)`."""
+    if not chief:
+        return run_folder.RunLock(run_dir), []  # never taken: release is a no-op
+    run_folder.prepare_run_folder(run_dir)
+    lock = run_folder.RunLock(run_dir)
+    lock.acquire()
+    try:
+        checkpoints = run_dir / "checkpoints"
+        resumes = checkpoints.is_dir() and any(checkpoints.iterdir())
+        replicas = strategy.num_replicas_in_sync
+        changes = run_folder.check_fingerprint(run_dir, config, replicas, resumes)
+    except BaseException:
+        lock.release()
+        raise
+    return lock, changes
+
+
+def _run(config, run_dir, strategy, chief, started, config_changes) -> dict:
     labels = data_lib.class_names(config.data, config.model.image_size)
     keras.utils.set_random_seed(config.seed)
     stages = _stages(config)
@@ -336,6 +355,7 @@ def _train(config: TrainConfig) -> dict:
         labels=labels,
         preprocessing=data_lib.preprocessing(config.data, size),
         skipped_images=int(sum(int(v.numpy()) for v in skipped)),
+        allowed_config_changes=config_changes,
         paths={},
     )
     if chief:
@@ -437,12 +457,6 @@ def _write_outputs(model, config, metadata, run_dir, size) -> None:
         labels, preprocessing = metadata["labels"], metadata["preprocessing"]
         metadata["export"] = _export(model, config, labels, preprocessing, size)
     (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str))
-
-
-def _as_dict(config: TrainConfig) -> dict:
-    result = dataclasses.asdict(config)
-    result["data"].pop("arrays", None)
-    return result
 
 
 def _number(text: str) -> float:
