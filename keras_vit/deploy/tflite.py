@@ -15,8 +15,9 @@ stock mobile runtime, and `check_builtin_only` proves none slipped in.
 
 The SavedModel's in-graph shape and NaN checks are `tf.debugging.Assert` ops,
 which have no TFLite builtin; the converter drops them. A `.tflite` file
-therefore does not check its input: `predict` checks it in Python, and on a
-device the app must. What a NaN pixel does there: in `float32` and `float16`
+therefore does not check its input: `Runner` and `predict` check it in Python
+(shape, dtype, range), and on a device the app must. What a NaN pixel does in
+the file itself: in `float32` and `float16`
 that image's outputs are all NaN (other images in the batch are unaffected);
 in `dynamic_int8` and `int8` the quantizer maps NaN to some in-range value and
 the output looks like an ordinary prediction, so check before you call.

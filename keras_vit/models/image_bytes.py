@@ -92,7 +92,7 @@ def declared_size(contents: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
         )
 
     return tf.switch_case(
-        fmt,
+        tf.convert_to_tensor(fmt, tf.int32),
         [lambda: tf.zeros([2], tf.int64), jpeg, png, gif, bmp],
     )
 
