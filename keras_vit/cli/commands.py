@@ -125,6 +125,7 @@ def cmd_export(args) -> int:
         tflite=tuple(kinds),
         variant=args.variant,
         top_k=args.top_k,
+        **({"max_pixels": args.max_pixels} if args.max_pixels is not None else {}),
     )
     print(f"exported {args.name} version {result['version']} under {args.root}")
     for name, size in sorted(result.get("files", {}).items()):

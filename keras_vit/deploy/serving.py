@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import zipfile
 from pathlib import Path
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.errors import CheckpointError
 from keras_vit.models import image_bytes
 from keras_vit.models.preprocessing import (
     normalize_pixels,
@@ -258,6 +261,31 @@ def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
     return np.stack(batch).astype("float32")
 
 
+def load_keras_file(path, compile: bool = True) -> keras.Model:
+    """`keras.saving.load_model` (safe mode) with keras_vit's layers
+    registered; a file that is not a Keras archive or holds a class nobody
+    registered is a one-line `CheckpointError` naming the file and the class,
+    not the whole model config Keras puts in its message."""
+    import keras_vit.models  # noqa: F401  registers the layers for loading
+
+    try:
+        return keras.saving.load_model(str(path), compile=compile)
+    except (TypeError, ValueError, KeyError, OSError, zipfile.BadZipFile) as error:
+        text = str(error)
+        unknown = re.search(r"(?:locate|find) (?:class|function) '([^']+)'", text)
+        if unknown:
+            reason = (
+                f"it holds class {unknown[1]!r}, which is neither a Keras nor a "
+                "keras_vit layer (import the module that registers it first)"
+            )
+        else:
+            first = text.strip().splitlines()[0] if text.strip() else ""
+            reason = f"{type(error).__name__}: {first[:300]}"
+        raise CheckpointError(
+            f"cannot load Keras model {str(path)!r}: {reason}"
+        ) from None
+
+
 def _saved_model_dir(path: Path) -> Path | None:
     """`path` itself, or the highest version under a TF Serving model folder."""
     if (path / "saved_model.pb").is_file():
@@ -348,9 +376,7 @@ def predict(
             "probabilities"
         ]
     else:
-        import keras_vit.models  # noqa: F401  registers the layers for loading
-
-        model = keras.saving.load_model(str(path))
+        model = load_keras_file(path)
         scores = model.predict(
             normalize_pixels(pixels, metadata["preprocessing"]), verbose=0
         )

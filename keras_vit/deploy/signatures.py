@@ -139,6 +139,18 @@ class Graphs:
         return tf.ensure_shape(resize_pixels(image[None], self.pre)[0], self.shape)
 
     def classify_images(self, images):
+        # A loaded signature does not enforce its (batch,) input shape.
+        shape = tf.shape(images)
+        rank_check = tf.debugging.Assert(
+            tf.equal(tf.size(shape), 1),
+            [
+                f"`{BYTES_INPUT}` must be a 1-D batch of encoded image files, shape "
+                "(batch,); got shape",
+                shape,
+            ],
+        )
+        with tf.control_dependencies([rank_check]):
+            images = tf.identity(images)
         pixels = tf.map_fn(
             self.decode,
             images,

@@ -89,7 +89,9 @@ def _load_pretrained(model: keras.Model, path: str) -> None:
     model's input; layers whose weight shapes differ (a new head) stay fresh."""
     if not Path(path).is_file():
         raise ValueError(f"model.pretrained {path!r} is not a file.")
-    source = keras.saving.load_model(path, compile=False)
+    from keras_vit.deploy.serving import load_keras_file
+
+    source = load_keras_file(path, compile=False)
     if tuple(source.input_shape[1:3]) != tuple(model.input_shape[1:3]):
         source = with_image_size(source, model.input_shape[1:3])
     for layer in model.layers:
