@@ -139,10 +139,13 @@ class Graphs:
         return tf.ensure_shape(resize_pixels(image[None], self.pre)[0], self.shape)
 
     def classify_images(self, images):
-        # A loaded signature does not enforce its (batch,) input shape.
+        # Another rank than 1 flows on as an empty batch, so that the check
+        # below is the error the caller sees (ops that need rank 1 would
+        # otherwise fail first, with a message about strided slices).
         shape = tf.shape(images)
+        rank_ok = tf.equal(tf.size(shape), 1)
         rank_check = tf.debugging.Assert(
-            tf.equal(tf.size(shape), 1),
+            rank_ok,
             [
                 f"`{BYTES_INPUT}` must be a 1-D batch of encoded image files, shape "
                 "(batch,); got shape",
@@ -150,7 +153,11 @@ class Graphs:
             ],
         )
         with tf.control_dependencies([rank_check]):
-            images = tf.identity(images)
+            images = tf.cond(
+                rank_ok,
+                lambda: tf.reshape(images, [-1]),
+                lambda: tf.zeros([0], tf.string),
+            )
         pixels = tf.map_fn(
             self.decode,
             images,
@@ -189,7 +196,10 @@ def write_saved_model(
     archive.add_endpoint(
         BYTES_SIGNATURE,
         graphs.classify_images,
-        input_signature=[tf.TensorSpec([None], tf.string, name=BYTES_INPUT)],
+        # Any rank: with `[None]` TF folds the rank check to "true" at trace
+        # time, yet a loaded signature does not enforce the declared shape, so
+        # a scalar would fail deep in `map_fn` instead of at the check.
+        input_signature=[tf.TensorSpec(None, tf.string, name=BYTES_INPUT)],
     )
     archive.write_out(str(path), verbose=False)
 
