@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.deploy import tflite as tflite_lib
+from keras_vit.deploy.checks import PIXEL_RANGE_SLACK
 from keras_vit.deploy.serving import (
     BYTES_INPUT,
     BYTES_SIGNATURE,
@@ -96,8 +97,16 @@ def _pixel_batch(images, preprocessing: dict, what: str) -> np.ndarray:
         )
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{what} holds NaN or Inf pixels.")
+    scale = preprocessing["pixel_scale"]
+    low, high = float(array.min()), float(array.max())
+    if low < -PIXEL_RANGE_SLACK * scale or high > (1 + PIXEL_RANGE_SLACK) * scale:
+        raise ValueError(
+            f"{what} must be raw pixel values in [0, {scale:g}] (the exported "
+            f"graph refuses others), got values from {low:g} to {high:g}."
+        )
     if list(array.shape[1:3]) != preprocessing["image_size"]:
-        array = resize_pixels(array, preprocessing).numpy()
+        # Bicubic / Lanczos kernels overshoot the range a little.
+        array = np.clip(resize_pixels(array, preprocessing).numpy(), 0.0, scale)
     return array
 
 

@@ -19,6 +19,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.deploy.checks import (  # noqa: F401  re-exported
+    PIXEL_RANGE_SLACK,
+    SERVING_INPUT,
+    check_pixel_batch,
+)
 from keras_vit.errors import CheckpointError
 from keras_vit.models import image_bytes
 from keras_vit.models.preprocessing import (
@@ -26,7 +31,6 @@ from keras_vit.models.preprocessing import (
     resize_pixels,
 )
 
-SERVING_INPUT = "pixels"
 BYTES_SIGNATURE = "classify_images"
 BYTES_INPUT = "images"
 
@@ -136,46 +140,6 @@ def prediction_log_bytes(model_name: str, signature: str, inputs: dict) -> bytes
     for key, tensor in inputs.items():
         request.inputs[key].ParseFromString(tensor.SerializeToString())
     return log.SerializeToString()
-
-
-# How far pixels may overshoot [0, pixel_scale], as a fraction of it, before
-# they are refused (the SavedModel's serving_default allows the same).
-PIXEL_RANGE_SLACK = 0.01
-
-
-def check_pixel_batch(pixels, shape, pixel_scale: float | None = None) -> np.ndarray:
-    """`pixels` as a float32 `(batch, *shape)` array after the checks the
-    SavedModel's `serving_default` makes in its graph, with the same wording:
-    numeric dtype, rank 4, size and channels, and (with `pixel_scale`) values
-    in `[0, pixel_scale]` (1% slack), else finite. ValueError otherwise."""
-    expected = f"(batch, {', '.join(str(d) for d in shape)})"
-    array = np.asarray(pixels)
-    if array.dtype.kind not in "iuf":
-        raise ValueError(
-            f"`{SERVING_INPUT}` must be a numeric array of raw pixel values "
-            f"{expected}; got dtype {array.dtype}."
-        )
-    if array.ndim != 4 or tuple(array.shape[1:]) != tuple(shape):
-        raise ValueError(
-            f"`{SERVING_INPUT}` must have shape {expected}; got shape "
-            f"{tuple(array.shape)}."
-        )
-    array = np.ascontiguousarray(array, dtype="float32")
-    if array.size == 0:
-        return array
-    low, high = float(np.min(array)), float(np.max(array))
-    if pixel_scale is None:
-        if not np.all(np.isfinite(array)):
-            raise ValueError(f"`{SERVING_INPUT}` must be finite; got NaN or Inf.")
-    else:
-        slack = PIXEL_RANGE_SLACK * pixel_scale
-        # NaN fails both comparisons, as in the graph's check.
-        if not (np.all(array >= -slack) and np.all(array <= pixel_scale + slack)):
-            raise ValueError(
-                f"`{SERVING_INPUT}` must be finite raw pixel values in "
-                f"[0, {pixel_scale:g}]; got values from {low:g} to {high:g}."
-            )
-    return array
 
 
 def _to_pixels(item, preprocessing: dict) -> np.ndarray:

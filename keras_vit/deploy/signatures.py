@@ -30,6 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.deploy.checks import PIXEL_RANGE_SLACK
 from keras_vit.deploy.serving import (
     BYTES_INPUT,
     BYTES_SIGNATURE,
@@ -41,10 +42,6 @@ from keras_vit.models import image_bytes
 from keras_vit.models.preprocessing import normalize_pixels, resize_pixels
 
 WARMUP_FILE = "tf_serving_warmup_requests"
-# Pixels may overshoot [0, pixel_scale] by this fraction of pixel_scale
-# (float rounding of normalised-and-back images, bicubic resizing) before
-# serving_default refuses them.
-PIXEL_RANGE_SLACK = 0.01
 
 
 class Graphs:

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.deploy.checks import check_pixel_batch
+
 KINDS = ("float32", "float16", "dynamic_int8", "int8")
 SIGNATURE = "serving_default"
 # At most this many representative images calibrate the int8 ranges (evenly
@@ -143,7 +145,7 @@ class Runner:
     outputs `(0, num_classes)` without running the model).
 
     The file cannot check its input, so the runner does before invoking, with
-    the SavedModel's wording (`serving.check_pixel_batch`): numeric dtype,
+    the SavedModel's wording (`checks.check_pixel_batch`): numeric dtype,
     shape `(batch, H, W, C)`, and values in `[0, pixel_scale]` when
     `pixel_scale` is given (else finite). Errors are ValueErrors."""
 
@@ -175,8 +177,6 @@ class Runner:
         self.pixel_scale = pixel_scale
 
     def __call__(self, pixels) -> dict[str, np.ndarray]:
-        from keras_vit.deploy.serving import check_pixel_batch
-
         pixels = check_pixel_batch(pixels, self.input_shape, self.pixel_scale)
         if len(pixels) == 0:
             return {
