@@ -14,4 +14,23 @@ class UnsafeCheckpointError(CheckpointError):
     """A PyTorch pickle (`.bin`, `.pt`, a torch zip): refused, not read."""
 
 
-__all__ = ["CheckpointError", "UnsafeCheckpointError"]
+class RunFolderError(ValueError):
+    """A run folder that cannot be used as asked: locked by another trainer,
+    holding a run of another config, or not writable."""
+
+
+class ConfigChangedError(RunFolderError):
+    """Resuming a run with settings that change its training trajectory."""
+
+
+class RunLockedError(RunFolderError):
+    """Another live process trains in the same run folder."""
+
+
+__all__ = [
+    "CheckpointError",
+    "ConfigChangedError",
+    "RunFolderError",
+    "RunLockedError",
+    "UnsafeCheckpointError",
+]

@@ -90,6 +90,9 @@ def parse_args(argv):
     parser.add_argument("--mean", help="per-channel means, e.g. 0.485,0.456,0.406")
     parser.add_argument("--std", help="per-channel stds")
     parser.add_argument("--pixel-scale", type=float)
+    parser.add_argument(
+        "--max-pixels", type=int, help="classify_images size limit (4096*4096)"
+    )
     parser.add_argument("--resize-method")
     parser.add_argument("--calibration", help="'digits' or an image folder (int8)")
     parser.add_argument("--tflite", help="comma list (default: all kinds possible)")
@@ -106,8 +109,22 @@ def parse_args(argv):
 
 
 def main(argv):
-    args = parse_args(argv)
-    import keras
+    """Exports as the module docstring says; the package's own errors (a
+    model that does not load, bad values, a version taken) are one line and
+    exit status 2, anything else keeps its traceback."""
+    from keras_vit.cli.common import user_error_line
+
+    try:
+        return export(parse_args(argv))
+    except Exception as error:
+        message = user_error_line(error)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def export(args):
 
     import keras_vit  # noqa: F401  registers the layers
     from keras_vit.deploy import serving, tflite
@@ -122,7 +139,7 @@ def main(argv):
         found["preprocessing"] = {"mean": [0.5], "std": [0.5]}
         args.calibration = args.calibration or "digits"
     else:
-        model = keras.saving.load_model(args.model)
+        model = serving.load_keras_file(args.model)
         name = args.name or Path(args.model).stem
         try:
             found = json.loads(serving.find_metadata(args.model).read_text())
@@ -171,6 +188,7 @@ def main(argv):
         tflite=kinds,
         verify_images=verify,
         quantize=args.quantize,
+        **({"max_pixels": args.max_pixels} if args.max_pixels is not None else {}),
     )
     print(f"exported {name} version {metadata['version']} under {args.root}/")
     for artifact, figures in metadata["parity"].items():

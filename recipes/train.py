@@ -37,17 +37,20 @@ def main(argv: list[str]) -> int:
     recipe = "digits"
     if argv and not argv[0].startswith("--"):
         recipe, argv = argv[0], argv[1:]
-    try:
-        config = load_recipe(recipe, progress_verbosity(parse_overrides(argv)))
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    from keras_vit.training.trainer import train
+    from keras_vit.cli.common import user_error_line
 
     try:
+        config = load_recipe(recipe, progress_verbosity(parse_overrides(argv)))
+        from keras_vit.training.trainer import train
+
         metadata = train(config)
-    except ValueError as error:  # bad data, a missing optional package: one line
-        print(f"error: {error}", file=sys.stderr)
+    except Exception as error:
+        # The package's own errors (config, checkpoint, run folder, image
+        # decoding) in one line; anything else keeps its traceback.
+        message = user_error_line(error)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         return 2
     print(run_summary(metadata, config.export_root))
     return 0

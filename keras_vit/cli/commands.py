@@ -135,6 +135,7 @@ def cmd_export(args) -> int:
         variant=args.variant,
         top_k=args.top_k,
         quantize=args.quantize,
+        **({"max_pixels": args.max_pixels} if args.max_pixels is not None else {}),
     )
     print(f"exported {args.name} version {result['version']} under {args.root}")
     for name, size in sorted(result.get("files", {}).items()):

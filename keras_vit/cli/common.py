@@ -20,7 +20,52 @@ class UsageError(Exception):
 
 
 # Errors caused by what the user passed in (files, values), not by a bug.
-USER_ERRORS = (UsageError, ValueError, FileNotFoundError, IsADirectoryError)
+# ValueError covers the package's own CheckpointError and RunFolderError
+# (keras_vit.errors) and config errors.
+USER_ERRORS = (
+    UsageError,
+    ValueError,
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+# TensorFlow ops whose InvalidArgumentError is about the user's data: the
+# package's in-graph checks (Assert) and the image decoders.
+_DATA_OP_MARKERS = ("assertion failed", "Decode", "Invalid JPEG", "Invalid PNG")
+
+
+def user_error_line(error: BaseException) -> str | None:
+    """The one line to print for an error the user caused, or None for an
+    unexpected error (which keeps its traceback)."""
+    if isinstance(error, USER_ERRORS):
+        return " ".join(str(error).split()) or type(error).__name__
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(error, tf.errors.InvalidArgumentError):
+        return None
+    text = error.message
+    if not any(marker in text for marker in _DATA_OP_MARKERS):
+        return None
+    if "assertion failed:" in text:
+        # "assertion failed: [part] [part]\n\t [[{{node ...}}]]" -> the parts
+        text = text.split("assertion failed:", 1)[1].split("\n")[0]
+        text = text.replace("] [", " ").strip(" []")
+    return " ".join(text.split(" [Op:")[0].split())
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a float that is neither NaN nor infinite."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,9 +81,7 @@ def existing_path(path: str, what: str) -> Path:
 
 
 def load_keras_model(path: str):
-    import keras
-
-    import keras_vit.models  # noqa: F401  registers the layers
+    from keras_vit.deploy.serving import load_keras_file
 
     source = existing_path(path, "model")
     if source.suffix != ".keras":
@@ -46,7 +89,7 @@ def load_keras_model(path: str):
             f"model {path!r} is not a .keras file; this command takes a model "
             "saved with model.save('name.keras')"
         )
-    return keras.saving.load_model(source)
+    return load_keras_file(source)
 
 
 def model_metadata(model_path: str) -> dict:

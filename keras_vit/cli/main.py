@@ -17,7 +17,13 @@ from keras_vit.cli.commands import (
     cmd_train,
     cmd_visualize,
 )
-from keras_vit.cli.common import PASS_THROUGH, USER_ERRORS, Parser, UsageError
+from keras_vit.cli.common import (
+    PASS_THROUGH,
+    Parser,
+    UsageError,
+    finite_float,
+    user_error_line,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,8 +132,19 @@ def _add_export(command) -> None:
         help="export a copy with Dense kernels quantized by model.quantize",
     )
     export.add_argument("--top-k", type=int, default=5)
-    export.add_argument("--mean", type=float, help="normalisation mean (no metadata)")
-    export.add_argument("--std", type=float, help="normalisation std (no metadata)")
+    export.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        help="classify_images refuses images whose header declares more pixels "
+        "(default 4096*4096)",
+    )
+    export.add_argument(
+        "--mean", type=finite_float, help="normalisation mean (no metadata)"
+    )
+    export.add_argument(
+        "--std", type=finite_float, help="normalisation std (no metadata)"
+    )
 
 
 def _add_predict(command) -> None:
@@ -186,12 +203,12 @@ def _add_visualize(command) -> None:
     )
     visualize.add_argument(
         "--mean",
-        type=float,
+        type=finite_float,
         help="normalisation mean (default: metadata.json beside the model, else 0.5)",
     )
     visualize.add_argument(
         "--std",
-        type=float,
+        type=finite_float,
         help="normalisation std (default: metadata.json beside the model, else 0.5)",
     )
 
@@ -265,11 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except SystemExit as exit_:  # --help
         return exit_.code if isinstance(exit_.code, int) else 0
-    except USER_ERRORS as error:
-        if show_traceback:
+    except Exception as error:
+        message = user_error_line(error)
+        if show_traceback or message is None:
             raise
         prog = f"keras-vit {command}" if command else "keras-vit"
-        message = " ".join(str(error).split()) or type(error).__name__
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
 

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.deploy import tflite as tflite_lib
+from keras_vit.deploy.checks import PIXEL_RANGE_SLACK
 from keras_vit.deploy.serving import (
     BYTES_INPUT,
     BYTES_SIGNATURE,
@@ -42,6 +43,7 @@ from keras_vit.deploy.serving import (
 from keras_vit.deploy.signatures import Graphs, write_saved_model, write_warmup_requests
 from keras_vit.files import write_atomic
 from keras_vit.models import quantization
+from keras_vit.models.image_bytes import DEFAULT_MAX_PIXELS
 from keras_vit.models.preprocessing import (
     normalize_pixels,
     normalize_preprocessing,
@@ -52,6 +54,8 @@ from keras_vit.version import __version__
 __all__ = ["export_model", "predict", "write_saved_model", "write_warmup_requests"]
 
 VERIFY_BATCH = 64
+# `.<version>.reserved/`: a version number claimed by an export in progress.
+RESERVED_SUFFIX = ".reserved"
 
 
 def _architecture(model: keras.Model, variant: str | None) -> dict:
@@ -94,14 +98,29 @@ def _pixel_batch(images, preprocessing: dict, what: str) -> np.ndarray:
         )
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{what} holds NaN or Inf pixels.")
+    scale = preprocessing["pixel_scale"]
+    low, high = float(array.min()), float(array.max())
+    if low < -PIXEL_RANGE_SLACK * scale or high > (1 + PIXEL_RANGE_SLACK) * scale:
+        raise ValueError(
+            f"{what} must be raw pixel values in [0, {scale:g}] (the exported "
+            f"graph refuses others), got values from {low:g} to {high:g}."
+        )
     if list(array.shape[1:3]) != preprocessing["image_size"]:
-        array = resize_pixels(array, preprocessing).numpy()
+        # Bicubic / Lanczos kernels overshoot the range a little.
+        array = np.clip(resize_pixels(array, preprocessing).numpy(), 0.0, scale)
     return array
 
 
 def _remove_stale_partials(model_dir: Path) -> None:
     """Deletes half-written versions left by an export that died (its process
     is gone); a live export's folder is left alone."""
+    for reservation in model_dir.glob(f".*{RESERVED_SUFFIX}"):
+        try:
+            os.kill(int((reservation / "pid").read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(reservation, ignore_errors=True)
+        except (OSError, ValueError):
+            continue
     for partial in model_dir.glob(".*.partial-*"):
         try:
             pid = int(partial.name.rsplit("-", 2)[-2])
@@ -112,9 +131,53 @@ def _remove_stale_partials(model_dir: Path) -> None:
             continue
 
 
+def _taken_versions(model_dir: Path) -> list[int]:
+    """Finished versions and versions another export has reserved."""
+    taken = []
+    for path in model_dir.iterdir():
+        name = path.name.removeprefix(".").removesuffix(RESERVED_SUFFIX)
+        if name.isdigit() and (
+            path.name.isdigit() or path.name.endswith(RESERVED_SUFFIX)
+        ):
+            taken.append(int(name))
+    return taken
+
+
 def _next_version(model_dir: Path) -> int:
-    versions = [int(p.name) for p in model_dir.iterdir() if p.name.isdigit()]
-    return max(versions, default=0) + 1
+    return max(_taken_versions(model_dir), default=0) + 1
+
+
+def _claim_version(model_dir: Path, name: str, version: int | None):
+    """Reserves a version with `os.mkdir` (atomic: of two exports of one
+    name, one gets each number) before the slow work; returns `(version,
+    reservation folder)`. An explicit version that exists or is reserved is
+    a ValueError."""
+    for _ in range(100):
+        candidate = _next_version(model_dir) if version is None else version
+        reservation = model_dir / f".{candidate}{RESERVED_SUFFIX}"
+        final = model_dir / str(candidate)
+        try:
+            if final.exists():
+                raise FileExistsError
+            os.mkdir(reservation)
+        except FileExistsError:
+            if version is None:
+                continue  # another export took it a moment ago: take the next
+            raise ValueError(
+                f"Version {version} of {name!r} already exists or is being "
+                f"exported by another process ({final}); versions are never "
+                "overwritten, pass a new version (or none for the next)."
+            ) from None
+        (reservation / "pid").write_text(str(os.getpid()))
+        if final.exists():  # finished between the check and the mkdir
+            shutil.rmtree(reservation, ignore_errors=True)
+            continue
+        return candidate, reservation
+    raise ValueError(f"could not reserve a version of {name!r} in {model_dir}.")
+
+
+def _is_latest(model_dir: Path, version: int) -> bool:
+    return version >= max(_taken_versions(model_dir), default=0)
 
 
 def _parity(reference: dict, outputs: dict) -> dict:
@@ -168,6 +231,7 @@ def export_model(
     variant: str | None = None,
     top_k: int = 5,
     quantize: str | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> dict:
     """Exports `model` as a TF Serving SavedModel version, `.tflite` files and
     `metadata.json` under `root` (layout in the module docstring); returns the
@@ -194,6 +258,8 @@ def export_model(
             `"int4"`, `"float8"`): a quantized copy of `model` is exported,
             and its agreement with the float model goes into the metadata
             (`parity.quantized_vs_float`).
+        max_pixels: the bytes signature refuses images whose header declares
+            more pixels (before decoding them); recorded in the metadata.
     """
     kinds = tflite_lib.check_kinds(tflite)
     preprocessing = normalize_preprocessing(model, preprocessing)
@@ -204,31 +270,30 @@ def export_model(
     float_model = model
     if quantize is not None:
         model = quantization.quantized_copy(model, quantize)
-    graphs = Graphs(model, labels, preprocessing, top_k)  # checks the head too
+    graphs = Graphs(model, labels, preprocessing, top_k, max_pixels)  # checks the head
 
     root = Path(root)
     model_dir = root / name
     model_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(model_dir)
-    version = _next_version(model_dir) if version is None else version
-    final = model_dir / str(version)
-    if final.exists():
-        raise ValueError(
-            f"Version {version} of {name!r} already exists at {final}; versions "
-            "are never overwritten, pass a new version (or none for the next)."
-        )
-
     reference = _reference(model, graphs, verify, preprocessing)
-    metadata = _metadata(
-        name, version, model, variant, labels, preprocessing, graphs, reference
-    )
-    if quantize is not None:
-        floats = _reference(float_model, graphs, verify, preprocessing)
-        metadata["quantization"] = quantize
-        metadata["parity"]["quantized_vs_float"] = _parity(floats, reference)
-    tflite_files = _write_version(
-        model_dir, final, metadata, model, kinds, representative, verify, reference
-    )
+    version, reservation = _claim_version(model_dir, name, version)
+    try:
+        final = model_dir / str(version)
+        metadata = _metadata(
+            name, version, model, variant, labels, preprocessing, graphs, reference
+        )
+        if quantize is not None:
+            floats = _reference(float_model, graphs, verify, preprocessing)
+            metadata["quantization"] = quantize
+            metadata["parity"]["quantized_vs_float"] = _parity(floats, reference)
+        tflite_files = _write_version(
+            model_dir, final, metadata, model, kinds, representative, verify, reference
+        )
+    finally:
+        shutil.rmtree(reservation, ignore_errors=True)
+    if not _is_latest(model_dir, version):
+        return metadata  # a later version finished first; its files stay
     for file, content in tflite_files.items():
         write_atomic(root / file, lambda p, c=content: p.write_bytes(c))
     write_atomic(root / f"{name}.keras", lambda p: model.save(str(p)))
@@ -321,8 +386,15 @@ def _metadata(name, version, model, variant, labels, preprocessing, graphs, refe
                 "inputs": {BYTES_INPUT: ["string", [-1]]},
                 "outputs": ["class_ids", "labels", "probabilities"],
                 "top_k": graphs.top_k,
+                "max_pixels": graphs.max_pixels,
+                "formats": ["JPEG", "PNG"],
             },
         },
+        "out_of_range_pixels": (
+            "serving_default refuses pixels outside [0, pixel_scale] (1% slack "
+            "for rounding) with InvalidArgumentError, never clips; tflite.Runner "
+            "and predict() raise ValueError."
+        ),
         "nan_pixels": (
             "SavedModel signatures: InvalidArgumentError. TFLite files do not "
             "check: float32/float16 give NaN outputs for that image, the int8 "
@@ -345,8 +417,15 @@ def _write_version(
     partial = model_dir / f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tflite_files = {}
     try:
-        top_k = metadata["signatures"][BYTES_SIGNATURE]["top_k"]
-        write_saved_model(model, partial, labels, preprocessing, top_k)
+        signature_spec = metadata["signatures"][BYTES_SIGNATURE]
+        write_saved_model(
+            model,
+            partial,
+            labels,
+            preprocessing,
+            signature_spec["top_k"],
+            signature_spec["max_pixels"],
+        )
         write_warmup_requests(partial, name, verify[0], preprocessing)
         loaded = tf.saved_model.load(str(partial))
         signature = loaded.signatures["serving_default"]

@@ -11,20 +11,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import zipfile
 from pathlib import Path
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.deploy.checks import (  # noqa: F401  re-exported
+    PIXEL_RANGE_SLACK,
+    SERVING_INPUT,
+    check_pixel_batch,
+)
+from keras_vit.errors import CheckpointError
 from keras_vit.hardware import choose_settings
+from keras_vit.models import image_bytes
 from keras_vit.models.preprocessing import (
     normalize_pixels,
     resize_pixels,
 )
 
-SERVING_INPUT = "pixels"
 BYTES_SIGNATURE = "classify_images"
 BYTES_INPUT = "images"
 
@@ -145,22 +153,7 @@ def _to_pixels(item, preprocessing: dict) -> np.ndarray:
         path = Path(item)
         if not path.is_file():
             raise FileNotFoundError(f"image {str(item)!r} does not exist")
-        contents = path.read_bytes()
-        try:
-            if contents.startswith(b"\xff\xd8\xff") and channels in (1, 3):
-                # As the bytes signature decodes JPEGs (accurate IDCT).
-                decoded = tf.io.decode_jpeg(
-                    contents, channels=channels, dct_method="INTEGER_ACCURATE"
-                )
-            else:
-                decoded = tf.io.decode_image(
-                    contents, channels=channels, expand_animations=False
-                )
-        except tf.errors.InvalidArgumentError:
-            raise ValueError(
-                f"cannot decode image {str(item)!r}: expected a JPEG, PNG, GIF or "
-                "BMP file"
-            ) from None
+        decoded = _decode_file(path, channels)
         return decoded.numpy().astype("float32") * (
             preprocessing["pixel_scale"] / 255.0
         )
@@ -175,10 +168,43 @@ def _to_pixels(item, preprocessing: dict) -> np.ndarray:
     return array
 
 
+def _decode_file(path: Path, channels: int) -> tf.Tensor:
+    """A JPEG / PNG / GIF / BMP file as uint8 `(h, w, channels)`; a file that
+    is none of these, declares more than `FILE_MAX_PIXELS` or cannot be
+    decoded is a ValueError naming it and why."""
+    contents = tf.constant(path.read_bytes())
+    fmt = int(image_bytes.image_format(contents))
+    if not fmt:
+        raise ValueError(
+            f"cannot decode image {str(path)!r}: its {int(tf.strings.length(contents))}"
+            " bytes are not a JPEG, PNG, GIF or BMP file"
+        )
+    kind = image_bytes.FORMAT_NAMES[fmt]
+    try:
+        height, width = (int(v) for v in image_bytes.declared_size(contents, fmt))
+        if height * width > image_bytes.FILE_MAX_PIXELS:
+            raise ValueError(
+                f"image {str(path)!r} ({kind}) declares {width} x {height} pixels, "
+                f"more than {image_bytes.FILE_MAX_PIXELS}; refused before decoding"
+            )
+        if fmt == image_bytes.JPEG and channels in (1, 3):
+            # As the bytes signature decodes JPEGs (accurate IDCT).
+            return tf.io.decode_jpeg(
+                contents, channels=channels, dct_method="INTEGER_ACCURATE"
+            )
+        return image_bytes.decode_to_channels(contents, channels, fmt)
+    except tf.errors.InvalidArgumentError as error:
+        reason = error.message.split(" [Op:")[0].split("}} ")[-1]
+        raise ValueError(
+            f"cannot decode image {str(path)!r} ({kind} file, damaged?): {reason}"
+        ) from None
+
+
 def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
     """Files or arrays -> a float32 raw pixel batch `(n, H, W, C)` at the model
-    size, resized as the bytes signature does. Raises ValueError on NaN / Inf
-    (a `.tflite` file would not catch them)."""
+    size, resized as the bytes signature does (a resized image is clipped to
+    `[0, pixel_scale]`, which bicubic kernels overshoot). Raises ValueError on
+    NaN / Inf (a `.tflite` file would not catch them)."""
     if isinstance(images_or_paths, str | os.PathLike):
         items = [images_or_paths]
     elif isinstance(images_or_paths, np.ndarray) and images_or_paths.ndim == 4:
@@ -194,12 +220,44 @@ def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
         pixels = _to_pixels(item, preprocessing)
         if not np.all(np.isfinite(pixels)):
             raise ValueError(f"image {index} holds NaN or Inf pixels.")
-        # Always through resize_pixels: it passes an image at the model size
-        # through unless the preprocessing crops (then that image is resized
-        # and cropped too, as its source library does).
-        pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
+        # An image at the model size passes through untouched unless the
+        # preprocessing resizes it anyway (a crop, as its source library does).
+        resizes_anyway = (
+            preprocessing.get("crop_fraction", 1.0) < 1.0
+            or preprocessing.get("keep_aspect_ratio", False)
+            or preprocessing.get("antialias", False)
+        )
+        if resizes_anyway or list(pixels.shape[:2]) != preprocessing["image_size"]:
+            pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
+            # Bicubic / Lanczos resizing overshoots the range a little.
+            pixels = np.clip(pixels, 0.0, preprocessing["pixel_scale"])
         batch.append(pixels)
     return np.stack(batch).astype("float32")
+
+
+def load_keras_file(path, compile: bool = True) -> keras.Model:
+    """`keras.saving.load_model` (safe mode) with keras_vit's layers
+    registered; a file that is not a Keras archive or holds a class nobody
+    registered is a one-line `CheckpointError` naming the file and the class,
+    not the whole model config Keras puts in its message."""
+    import keras_vit.models  # noqa: F401  registers the layers for loading
+
+    try:
+        return keras.saving.load_model(str(path), compile=compile)
+    except (TypeError, ValueError, KeyError, OSError, zipfile.BadZipFile) as error:
+        text = str(error)
+        unknown = re.search(r"(?:locate|find) (?:class|function) '([^']+)'", text)
+        if unknown:
+            reason = (
+                f"it holds class {unknown[1]!r}, which is neither a Keras nor a "
+                "keras_vit layer (import the module that registers it first)"
+            )
+        else:
+            first = text.strip().splitlines()[0] if text.strip() else ""
+            reason = f"{type(error).__name__}: {first[:300]}"
+        raise CheckpointError(
+            f"cannot load Keras model {str(path)!r}: {reason}"
+        ) from None
 
 
 def _saved_model_dir(path: Path) -> Path | None:
@@ -306,18 +364,19 @@ def predict(
     if not isinstance(metadata, dict):
         metadata = json.loads(Path(metadata).read_text())
     labels = metadata["labels"]
-    pixels = load_pixels(images_or_paths, metadata["preprocessing"])
+    pre = metadata["preprocessing"]
+    pixels = load_pixels(images_or_paths, pre)
+    shape = (*pre["image_size"], pre["num_channels"])
+    pixels = check_pixel_batch(pixels, shape, pre["pixel_scale"])
     if path.is_dir():
         signature = tf.saved_model.load(str(path)).signatures["serving_default"]
         outputs = signature(pixels=tf.constant(pixels))
     elif path.suffix == ".tflite":
         from keras_vit.deploy.tflite import Runner
 
-        outputs = Runner(path)(pixels)
+        outputs = Runner(path, pixel_scale=pre["pixel_scale"])(pixels)
     else:
-        import keras_vit.models  # noqa: F401  registers the layers for loading
-
-        model = keras.saving.load_model(str(path))
+        model = load_keras_file(path)
         settings = choose_settings(
             approximate_macs(model), model.dtype_policy.name, jit_compile
         )

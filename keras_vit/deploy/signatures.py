@@ -6,14 +6,20 @@ Signatures of the SavedModel:
   `[0, pixel_scale]` at exactly the exported size -> `logits` and
   `probabilities` float32 `(batch, num_classes)`. The graph normalises
   (`(pixels / pixel_scale - mean) / std`) and checks the shape and that every
-  pixel is finite; a wrong size or channel count, or a NaN / Inf pixel, is an
-  `InvalidArgumentError` that names the expected shape. TF Serving only checks
-  dtypes, so these checks live in the graph.
+  pixel lies in `[0, pixel_scale]` (1% slack for rounding; NaN and Inf are
+  outside); a wrong size or channel count, or a pixel out of range, is an
+  `InvalidArgumentError` that names the expected shape or range and the values
+  found, never clipped. A batch of 0 images returns empty outputs. TF Serving
+  only checks dtypes, so these checks live in the graph.
 - `classify_images`: `images` string `(batch,)` of encoded JPEG or PNG files of
   any size -> top-k `class_ids` int32, `labels` string and `probabilities`
   float32, each `(batch, k)`. Images are decoded to C channels and resized to
-  H x W inside the graph (`resize_method`, as in training). Bytes that are not
-  a JPEG or PNG are an `InvalidArgumentError` saying so.
+  H x W inside the graph (`resize_method`, as in training). Before decoding,
+  the size the header declares (JPEG SOF, PNG IHDR) is checked against
+  `max_pixels` (export argument, default `image_bytes.DEFAULT_MAX_PIXELS`,
+  recorded in the metadata): a larger image, or bytes that are not a JPEG or
+  PNG, is an `InvalidArgumentError` naming the declared size or the byte
+  count, never the bytes themselves.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.deploy.checks import PIXEL_RANGE_SLACK
 from keras_vit.deploy.serving import (
     BYTES_INPUT,
     BYTES_SIGNATURE,
@@ -31,17 +38,28 @@ from keras_vit.deploy.serving import (
     ends_in_softmax,
     prediction_log_bytes,
 )
+from keras_vit.models import image_bytes
 from keras_vit.models.preprocessing import normalize_pixels, resize_pixels
 
 WARMUP_FILE = "tf_serving_warmup_requests"
-JPEG_MAGIC = b"\xff\xd8\xff"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 class Graphs:
     """The serving functions, built around one model and its constants."""
 
-    def __init__(self, model, labels, preprocessing, top_k):
+    def __init__(
+        self,
+        model,
+        labels,
+        preprocessing,
+        top_k,
+        max_pixels: int = image_bytes.DEFAULT_MAX_PIXELS,
+    ):
+        if isinstance(max_pixels, bool) or not isinstance(max_pixels, int):
+            raise ValueError(f"max_pixels must be an int >= 1, got {max_pixels!r}.")
+        if max_pixels < 1:
+            raise ValueError(f"max_pixels must be an int >= 1, got {max_pixels!r}.")
+        self.max_pixels = max_pixels
         self.model = model
         self.labels = labels
         self.pre = preprocessing
@@ -71,46 +89,72 @@ class Graphs:
             [f"`{SERVING_INPUT}` must have shape {self.shape_text}; got shape", shape],
             summarize=8,
         )
+        scale = self.pre["pixel_scale"]
+        slack = PIXEL_RANGE_SLACK * scale
         with tf.control_dependencies([shape_check]):
-            finite_check = tf.debugging.Assert(
-                tf.reduce_all(tf.math.is_finite(pixels)),
+            # NaN fails both comparisons, so this also refuses NaN and Inf.
+            in_range = tf.reduce_all(
+                tf.logical_and(pixels >= -slack, pixels <= scale + slack)
+            )
+            range_check = tf.debugging.Assert(
+                in_range,
                 [
-                    f"`{SERVING_INPUT}` must be finite pixel values in "
-                    f"[0, {self.pre['pixel_scale']:g}]; got NaN or Inf"
+                    f"`{SERVING_INPUT}` must be finite raw pixel values in "
+                    f"[0, {scale:g}]; got values from",
+                    tf.reduce_min(pixels),
+                    "to",
+                    tf.reduce_max(pixels),
                 ],
             )
-        with tf.control_dependencies([shape_check, finite_check]):
+        with tf.control_dependencies([shape_check, range_check]):
             return tf.identity(pixels)
 
     def serving_default(self, pixels):
         return self.scores(self.checked(pixels))
 
     def decode(self, encoded):
-        head = tf.strings.substr(encoded, 0, 8)
-        is_jpeg = tf.equal(tf.strings.substr(head, 0, 3), JPEG_MAGIC)
-        format_check = tf.debugging.Assert(
-            tf.logical_or(is_jpeg, tf.equal(head, PNG_MAGIC)),
-            [
-                f"`{BYTES_INPUT}` must be JPEG or PNG file bytes; got bytes starting",
-                head,
-            ],
+        # The header's declared size is checked before any decoder runs, so a
+        # small file that declares a huge image costs microseconds.
+        encoded, fmt = image_bytes.check_declared_size(
+            encoded,
+            f"an image in `{BYTES_INPUT}`",
+            self.max_pixels,
+            (image_bytes.JPEG, image_bytes.PNG),
         )
         channels = self.shape[2]
-        with tf.control_dependencies([format_check]):
-            # The accurate integer IDCT (libjpeg's ISLOW, PIL's default) rather
-            # than TF's fast one, so the graph sees the pixels a client sees
-            # when it opens the file (the fast one flipped ~1% of top-1s here).
-            image = tf.cond(
-                is_jpeg,
-                lambda: tf.io.decode_jpeg(
-                    encoded, channels=channels, dct_method="INTEGER_ACCURATE"
-                ),
-                lambda: tf.io.decode_png(encoded, channels=channels),
-            )
+        # The accurate integer IDCT (libjpeg's ISLOW, PIL's default) rather
+        # than TF's fast one, so the graph sees the pixels a client sees
+        # when it opens the file (the fast one flipped ~1% of top-1s here).
+        image = tf.cond(
+            tf.equal(fmt, image_bytes.JPEG),
+            lambda: tf.io.decode_jpeg(
+                encoded, channels=channels, dct_method="INTEGER_ACCURATE"
+            ),
+            lambda: tf.io.decode_png(encoded, channels=channels),
+        )
         image = tf.cast(image, tf.float32) * (self.pre["pixel_scale"] / 255.0)
         return tf.ensure_shape(resize_pixels(image[None], self.pre)[0], self.shape)
 
     def classify_images(self, images):
+        # Another rank than 1 flows on as an empty batch, so that the check
+        # below is the error the caller sees (ops that need rank 1 would
+        # otherwise fail first, with a message about strided slices).
+        shape = tf.shape(images)
+        rank_ok = tf.equal(tf.size(shape), 1)
+        rank_check = tf.debugging.Assert(
+            rank_ok,
+            [
+                f"`{BYTES_INPUT}` must be a 1-D batch of encoded image files, shape "
+                "(batch,); got shape",
+                shape,
+            ],
+        )
+        with tf.control_dependencies([rank_check]):
+            images = tf.cond(
+                rank_ok,
+                lambda: tf.reshape(images, [-1]),
+                lambda: tf.zeros([0], tf.string),
+            )
         pixels = tf.map_fn(
             self.decode,
             images,
@@ -125,10 +169,18 @@ class Graphs:
         }
 
 
-def write_saved_model(model, path, labels, preprocessing, top_k=5) -> None:
+def write_saved_model(
+    model,
+    path,
+    labels,
+    preprocessing,
+    top_k=5,
+    max_pixels: int = image_bytes.DEFAULT_MAX_PIXELS,
+) -> None:
     """Writes the SavedModel with both signatures to `path` (not atomic; see
-    `export_model`)."""
-    graphs = Graphs(model, labels, preprocessing, top_k)
+    `export_model`); `classify_images` refuses images that declare more than
+    `max_pixels` pixels."""
+    graphs = Graphs(model, labels, preprocessing, top_k, max_pixels)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(
@@ -141,7 +193,10 @@ def write_saved_model(model, path, labels, preprocessing, top_k=5) -> None:
     archive.add_endpoint(
         BYTES_SIGNATURE,
         graphs.classify_images,
-        input_signature=[tf.TensorSpec([None], tf.string, name=BYTES_INPUT)],
+        # Any rank: with `[None]` TF folds the rank check to "true" at trace
+        # time, yet a loaded signature does not enforce the declared shape, so
+        # a scalar would fail deep in `map_fn` instead of at the check.
+        input_signature=[tf.TensorSpec(None, tf.string, name=BYTES_INPUT)],
     )
     archive.write_out(str(path), verbose=False)
 

@@ -15,8 +15,9 @@ stock mobile runtime, and `check_builtin_only` proves none slipped in.
 
 The SavedModel's in-graph shape and NaN checks are `tf.debugging.Assert` ops,
 which have no TFLite builtin; the converter drops them. A `.tflite` file
-therefore does not check its input: `predict` checks it in Python, and on a
-device the app must. What a NaN pixel does there: in `float32` and `float16`
+therefore does not check its input: `Runner` and `predict` check it in Python
+(shape, dtype, range), and on a device the app must. What a NaN pixel does in
+the file itself: in `float32` and `float16`
 that image's outputs are all NaN (other images in the batch are unaffected);
 in `dynamic_int8` and `int8` the quantizer maps NaN to some in-range value and
 the output looks like an ordinary prediction, so check before you call.
@@ -29,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+
+from keras_vit.deploy.checks import check_pixel_batch
 
 KINDS = ("float32", "float16", "dynamic_int8", "int8")
 SIGNATURE = "serving_default"
@@ -138,9 +141,17 @@ def check_builtin_only(model) -> list[str]:
 
 class Runner:
     """Runs a `.tflite` file's `serving_default` with the LiteRT interpreter;
-    any batch size (the input is resized per call)."""
+    any batch size (the input is resized per call; a batch of 0 returns empty
+    outputs `(0, num_classes)` without running the model).
 
-    def __init__(self, model, num_threads: int | None = None):
+    The file cannot check its input, so the runner does before invoking, with
+    the SavedModel's wording (`checks.check_pixel_batch`): numeric dtype,
+    shape `(batch, H, W, C)`, and values in `[0, pixel_scale]` when
+    `pixel_scale` is given (else finite). Errors are ValueErrors."""
+
+    def __init__(
+        self, model, num_threads: int | None = None, pixel_scale: float | None = None
+    ):
         from ai_edge_litert.interpreter import Interpreter
 
         if isinstance(model, str | Path):
@@ -159,12 +170,17 @@ class Runner:
         details = self.runner.get_input_details()["pixels"]
         self.input_shape = tuple(int(d) for d in details["shape_signature"][1:])
         self.outputs = sorted(signatures[SIGNATURE]["outputs"])
+        self.output_widths = {
+            name: int(detail["shape_signature"][-1])
+            for name, detail in self.runner.get_output_details().items()
+        }
+        self.pixel_scale = pixel_scale
 
     def __call__(self, pixels) -> dict[str, np.ndarray]:
-        pixels = np.ascontiguousarray(pixels, dtype="float32")
-        if pixels.ndim != 4 or pixels.shape[1:] != self.input_shape:
-            raise ValueError(
-                f"pixels must have shape (batch, "
-                f"{', '.join(map(str, self.input_shape))}), got {pixels.shape}."
-            )
+        pixels = check_pixel_batch(pixels, self.input_shape, self.pixel_scale)
+        if len(pixels) == 0:
+            return {
+                name: np.zeros((0, width), "float32")
+                for name, width in self.output_widths.items()
+            }
         return {k: np.array(v) for k, v in self.runner(pixels=pixels).items()}

@@ -63,6 +63,8 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
             f"{path} is not a readable safetensors file (bad or truncated header)."
         )
     header.pop("__metadata__", None)
+    for name, meta in header.items():
+        _check_header_entry(path, name, meta)
     data_len = max((t["data_offsets"][1] for t in header.values()), default=0)
     if 8 + header_len + data_len > size:
         raise CheckpointError(
@@ -88,7 +90,36 @@ def _is_float(dtype) -> bool:
     return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
 
 
+def _check_header_entry(path: Path, name: str, meta) -> None:
+    """A safetensors header entry is `{"dtype": str, "shape": [int, ...],
+    "data_offsets": [begin, end]}`; anything else is a damaged file."""
+    offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
+    shape = meta.get("shape") if isinstance(meta, dict) else None
+    ok = (
+        isinstance(meta, dict)
+        and isinstance(meta.get("dtype"), str)
+        and isinstance(shape, list)
+        and all(isinstance(d, int) and d >= 0 for d in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    )
+    if not ok:
+        shown = json.dumps(meta)[:120]
+        raise CheckpointError(
+            f"{path} has a malformed safetensors header: entry {name!r} is {shown}; "
+            'expected {"dtype": ..., "shape": [...], "data_offsets": [begin, end]}.'
+        )
+
+
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    with open(path, "rb") as f:
+        if f.read(6) == b"\x93NUMPY":
+            raise CheckpointError(
+                f"{path} is a single .npy array, not an .npz archive of named "
+                "tensors; save the weights with np.savez(path, **named_arrays)."
+            )
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}

@@ -173,6 +173,9 @@ class TrainConfig:
     export_name: str = ""  # "": no export into export_root
     export_root: str = "saved_models"
     export_quantize: str = ""  # "", "int8", "int4" or "float8" (model.quantize)
+    # Resume a run folder although trajectory settings changed (recorded in
+    # fingerprint.json and the run metadata); see training.run_folder.
+    allow_config_change: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -218,6 +221,8 @@ def _parse(key: str, text, default):
             ) from None
         if isinstance(default, tuple) and isinstance(value, list | tuple):
             return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        if isinstance(default, tuple) and isinstance(value, int | float):
+            return (value,)  # `--data.mean 0.5`: one value for every channel
         if isinstance(default, float) and isinstance(value, int):
             return float(value)
         return value
@@ -463,29 +468,35 @@ def validate_data_config(config: DataConfig) -> None:
                 f"data.{key} must be one of {list(choices)}, "
                 f"got {getattr(config, key)!r}."
             )
-    ranges = {
-        "num_classes": (0, None),
-        "num_channels": (1, 4),
-        "pixel_scale": (1e-6, None),
-        "eval_crop": (1e-6, 1.0),
-        "shuffle_buffer": (1, None),
-        "synthetic_size": (1, None),
-        "crop_scale_min": (1e-6, 1.0),
-        "randaugment_ops": (0, 11),
-        "randaugment_magnitude": (0.0, 1.0),
-        "translate": (0.0, 0.5),
-        "rotate": (0.0, 180.0),
-        "zoom": (0.0, 0.9),
-        "mixup_alpha": (0.0, None),
-        "cutmix_alpha": (0.0, None),
-    }
-    for key, (low, high) in ranges.items():
-        value = getattr(config, key)
-        if isinstance(value, bool) or not low <= value <= (
-            high if high is not None else value
-        ):
-            valid = f"[{low}, {high}]" if high is not None else f">= {low}"
-            raise ValueError(f"data.{key} must be in {valid}, got {value!r}.")
+    for key, low, high in (
+        ("num_classes", 0, None),
+        ("num_channels", 1, 4),
+        ("shuffle_buffer", 1, None),
+        ("synthetic_size", 1, None),
+        ("randaugment_ops", 0, 11),
+    ):
+        _check(f"data.{key}", getattr(config, key), low, high, int)
+    for key, low, high in (
+        ("pixel_scale", 1e-6, None),
+        ("eval_crop", 1e-6, 1.0),
+        ("crop_scale_min", 1e-6, 1.0),
+        ("randaugment_magnitude", 0.0, 1.0),
+        ("mixup_alpha", 0.0, None),
+        ("cutmix_alpha", 0.0, None),
+        ("translate", 0.0, 0.5),
+        ("rotate", 0.0, 180.0),
+        ("zoom", 0.0, 0.9),
+    ):
+        _check(f"data.{key}", getattr(config, key), low, high)
+    for key in ("mean", "std"):
+        values = getattr(config, key)
+        if not isinstance(values, tuple | list) or not values:
+            raise ValueError(
+                f"data.{key} must be a tuple of numbers, one per channel or one "
+                f"for all, e.g. (0.5,), got {values!r}."
+            )
+        for value in values:
+            _check(f"data.{key}", value, -1e6 if key == "mean" else 0.0)
     if len(config.mean) not in (1, config.num_channels) or len(config.std) != len(
         config.mean
     ):

@@ -76,7 +76,7 @@ def _source(config: DataConfig, image_size, train: bool) -> Source:
     elif config.source == "synthetic":
         return synthetic_source(config, image_size, train)
     elif config.source == "folder":
-        return folder_source(config, split)
+        return folder_source(config, split)  # labelled by the train split
     elif config.source == "tfrecord":
         return tfrecord_source(config, split)
     else:

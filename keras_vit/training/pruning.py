@@ -27,7 +27,7 @@ from keras_vit.analysis.flops import count_macs
 from keras_vit.models.layers import TransformerBlock
 from keras_vit.training import data as data_lib
 from keras_vit.training.config import TrainConfig
-from keras_vit.training.trainer import make_optimizer
+from keras_vit.training.optimizer import make_optimizer
 
 
 def transformer_blocks(model: keras.Model) -> list[TransformerBlock]:

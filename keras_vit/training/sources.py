@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.models import image_bytes
 from keras_vit.models.vit import image_hw
 from keras_vit.training.config import DataConfig
 
@@ -158,6 +159,7 @@ def _decoder(config: DataConfig):
 
     def decode(contents, name):
         ok = _valid_image_bytes(contents)
+        fmt = image_bytes.image_format(contents)
         if config.on_error == "raise":
             check = tf.debugging.Assert(
                 ok,
@@ -165,21 +167,45 @@ def _decoder(config: DataConfig):
                 summarize=1,
             )
             with tf.control_dependencies([check]):
-                contents = tf.identity(contents)
+                # Names the file with its declared size when that is the reason.
+                contents, fmt = image_bytes.check_declared_size(
+                    contents, name, image_bytes.FILE_MAX_PIXELS
+                )
         else:
+            # Only a file that looks whole is parsed (a torn JPEG header fails).
+            size = tf.cond(
+                ok,
+                lambda: image_bytes.declared_size(contents, fmt),
+                lambda: tf.zeros([2], tf.int64),
+            )
+            ok = tf.logical_and(ok, size[0] * size[1] <= image_bytes.FILE_MAX_PIXELS)
             # A 1x1 stand-in keeps shapes static; the element is filtered out.
             contents = tf.where(
                 ok, contents, tf.io.encode_png(tf.zeros((1, 1, 1), tf.uint8))
             )
-        image = tf.io.decode_image(
-            contents, channels=config.num_channels, expand_animations=False
-        )
+            fmt = tf.where(ok, fmt, image_bytes.PNG)
+        # GIF and BMP decode to RGB only; converted to num_channels here.
+        image = image_bytes.decode_to_channels(contents, config.num_channels, fmt)
         return tf.cast(image, tf.float32), ok
 
     return decode
 
 
-def folder_source(config: DataConfig, split: str) -> Source:
+def _utf8_name(path: Path) -> str:
+    """`path` as text; a name that is not UTF-8 (TF's string tensors need it)
+    is a ValueError naming its raw bytes."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{os.fsencode(path)!r} is not a UTF-8 file or folder name; rename it "
+            "(the data pipeline passes names as UTF-8 strings)."
+        ) from None
+    return text
+
+
+def _split_folder(config: DataConfig, split: str) -> Path:
     root = Path(config.path) / split
     if not root.is_dir():
         raise ValueError(
@@ -187,12 +213,49 @@ def folder_source(config: DataConfig, split: str) -> Source:
             f"folder per split ({config.train_split!r}, {config.eval_split!r}), "
             "each with one folder per class."
         )
-    class_names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    return root
+
+
+def folder_class_names(config: DataConfig) -> list[str]:
+    """The classes: the sub-folders of the training split, sorted. Every other
+    split is labelled by this list, so fewer than two is an error (a
+    classifier of one class is trivially right)."""
+    root = _split_folder(config, config.train_split)
+    names = sorted(
+        _utf8_name(p)[len(str(root)) + 1 :] for p in root.iterdir() if p.is_dir()
+    )
+    if len(names) < 2:
+        raise ValueError(
+            f"Image folder {str(root)!r} holds {len(names)} class folder(s) "
+            f"{names}; a classifier needs at least two classes, one folder each."
+        )
+    return names
+
+
+def folder_source(
+    config: DataConfig, split: str, class_names: list[str] | None = None
+) -> Source:
+    """A split of an image folder, labelled by `class_names` (default: the
+    training split's); a class folder not in that list is a ValueError naming
+    it and its split folder."""
+    class_names = class_names or folder_class_names(config)
+    root = _split_folder(config, split)
+    found = sorted(
+        _utf8_name(p)[len(str(root)) + 1 :] for p in root.iterdir() if p.is_dir()
+    )
+    unknown = [name for name in found if name not in class_names]
+    if unknown:
+        raise ValueError(
+            f"Image folder {str(root)!r} has class folder(s) {unknown} that the "
+            f"training split {config.train_split!r} lacks (its classes: "
+            f"{class_names}); labels are the training split's classes."
+        )
     paths, labels = [], []
-    for label, name in enumerate(class_names):
+    for name in found:
+        label = class_names.index(name)
         for file in sorted((root / name).iterdir()):
             if file.suffix.lower() in IMAGE_EXTENSIONS:
-                paths.append(str(file))
+                paths.append(_utf8_name(file))
                 labels.append(label)
     if not paths:
         raise ValueError(

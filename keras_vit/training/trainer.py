@@ -8,7 +8,6 @@ at step s is `make_train_dataset(..., start_step=s)` and
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import time
@@ -25,7 +24,7 @@ from keras_vit.models.vit import ARCHITECTURE_KEYS, ViT
 from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import data as data_lib
 from keras_vit.training import distill as distill_lib
-from keras_vit.training import distribute
+from keras_vit.training import distribute, run_folder
 from keras_vit.training.config import (
     ModelConfig,
     OptimConfig,
@@ -36,11 +35,13 @@ from keras_vit.training.config import (
 )
 from keras_vit.training.finetune import (
     HEAD_LAYERS,
-    LayerDecayAdamW,
     freeze_backbone,
-    layer_decay_multipliers,
 )
 from keras_vit.training.model_kinds import build_kind
+from keras_vit.training.optimizer import (
+    learning_rate_schedule,
+    make_optimizer,
+)
 
 __all__ = [
     "ModelConfig",
@@ -54,10 +55,6 @@ __all__ = [
     "train",
     "validate",
 ]
-
-# Variables that get no weight decay besides every 1-D one (biases, norms,
-# layer scales): timm's and big_vision's choice.
-NO_DECAY_NAMES = ("pos_embedding", "cls_token", "dist_token")
 
 
 def build_model(config: TrainConfig, num_classes: int, image_size: int | None = None):
@@ -100,7 +97,9 @@ def _load_pretrained(model: keras.Model, path: str) -> None:
     model's input; layers whose weight shapes differ (a new head) stay fresh."""
     if not Path(path).is_file():
         raise ValueError(f"model.pretrained {path!r} is not a file.")
-    source = keras.saving.load_model(path, compile=False)
+    from keras_vit.deploy.serving import load_keras_file
+
+    source = load_keras_file(path, compile=False)
     if tuple(source.input_shape[1:3]) != tuple(model.input_shape[1:3]):
         source = with_image_size(source, model.input_shape[1:3])
     for layer in model.layers:
@@ -116,65 +115,6 @@ def _load_pretrained(model: keras.Model, path: str) -> None:
                 f"{layer.name!r} has other weight shapes; set model.variant, "
                 "hidden_dim, num_layers, ... to the checkpoint's."
             )
-
-
-def scaled_learning_rate(config: TrainConfig) -> float:
-    optim = config.optim
-    if not optim.lr_base_batch_size:
-        return optim.learning_rate
-    batch = config.batch_size * optim.gradient_accumulation_steps
-    return optim.learning_rate * batch / optim.lr_base_batch_size
-
-
-def learning_rate_schedule(config: TrainConfig):
-    """Linear warmup from 0 to the (scaled) peak, then cosine decay to
-    `end_lr_fraction * peak` at `total_steps`."""
-    optim = config.optim
-    peak = scaled_learning_rate(config)
-    return keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0 if optim.warmup_steps else peak,
-        decay_steps=config.total_steps - optim.warmup_steps,
-        alpha=optim.end_lr_fraction,
-        warmup_target=peak if optim.warmup_steps else None,
-        warmup_steps=optim.warmup_steps,
-    )
-
-
-def make_optimizer(config: TrainConfig, model: keras.Model, start_step: int = 0):
-    """AdamW with the schedule, clipping, accumulation and EMA of the config;
-    wrapped in a `LossScaleOptimizer` under `mixed_float16`."""
-    optim = config.optim
-    extra = {}
-    if optim.layer_decay < 1.0:
-        extra["lr_multipliers"] = layer_decay_multipliers(model, optim.layer_decay)
-    optimizer = (LayerDecayAdamW if extra else keras.optimizers.AdamW)(
-        **extra,
-        learning_rate=learning_rate_schedule(config),
-        weight_decay=optim.weight_decay,
-        beta_1=optim.beta_1,
-        beta_2=optim.beta_2,
-        clipnorm=optim.clipnorm or None,
-        gradient_accumulation_steps=(
-            optim.gradient_accumulation_steps
-            if optim.gradient_accumulation_steps > 1
-            else None
-        ),
-        use_ema=optim.use_ema,
-        ema_momentum=optim.ema_momentum,
-    )
-    optimizer.exclude_from_weight_decay(
-        var_list=[
-            v
-            for v in model.trainable_variables
-            if len(v.shape) <= 1 or v.name in NO_DECAY_NAMES
-        ]
-    )
-    if start_step:
-        # A rebuilt stage continues the schedule where the last one stopped.
-        optimizer.iterations.assign(start_step)
-    if config.precision == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    return optimizer
 
 
 def _compile(model, config, strategy, start_step):
@@ -211,9 +151,7 @@ def _callbacks(run_dir: Path, chief: bool):
     # and keeps the last good checkpoint.
     callbacks = [checkpoint_lib.CheckpointCallback(run_dir / "checkpoints")]
     if chief:
-        callbacks.append(
-            keras.callbacks.CSVLogger(str(run_dir / "history.csv"), append=True)
-        )
+        callbacks.append(run_folder.HistoryWriter(run_dir / run_folder.HISTORY_FILE))
         if _has_tensorboard():
             callbacks.append(
                 keras.callbacks.TensorBoard(
@@ -241,8 +179,7 @@ def plot_history(history_csv: Path, png: Path, steps_per_row: int = 1) -> Path |
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    with open(history_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = run_folder.read_history(history_csv)  # skips torn or foreign rows
     if not rows:
         return None
     steps = np.array([(int(r["epoch"]) + 1) * steps_per_row for r in rows])
@@ -341,14 +278,40 @@ def resolve_settings(config: TrainConfig) -> tuple[TrainConfig, dict]:
 
 
 def _train(config: TrainConfig, settings: dict) -> dict:
-    started, cpu_started = time.perf_counter(), time.process_time()
+    clock = (time.perf_counter(), time.process_time())
     run_dir = Path(config.run_dir or Path("runs") / config.name)
     strategy = distribute.get_strategy(config.strategy)
     distribute.per_replica_batch_size(config.batch_size, strategy)
     chief = distribute.is_chief(strategy)
-    if chief:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(_as_dict(config), indent=2))
+    lock, config_changes = _claim_run_folder(config, run_dir, strategy, chief)
+    try:
+        return _run(config, settings, run_dir, strategy, chief, clock, config_changes)
+    finally:
+        lock.release()
+
+
+def _claim_run_folder(config, run_dir, strategy, chief):
+    """The chief locks the run folder and checks the config against the run it
+    holds before writing anything there; returns `(lock, allowed changes)`."""
+    if not chief:
+        return run_folder.RunLock(run_dir), []  # never taken: release is a no-op
+    run_folder.prepare_run_folder(run_dir)
+    lock = run_folder.RunLock(run_dir)
+    lock.acquire()
+    try:
+        checkpoints = run_dir / "checkpoints"
+        resumes = checkpoints.is_dir() and any(checkpoints.iterdir())
+        replicas = strategy.num_replicas_in_sync
+        changes = run_folder.check_fingerprint(run_dir, config, replicas, resumes)
+    except BaseException:
+        lock.release()
+        raise
+    return lock, changes
+
+
+def _run(config, settings, run_dir, strategy, chief, clock, config_changes) -> dict:
+    """Trains, evaluates and writes the run's files; `clock` is the wall and
+    CPU time at the start."""
     labels = data_lib.class_names(config.data, config.model.image_size)
     keras.utils.set_random_seed(config.seed)
     stages = _stages(config)
@@ -360,10 +323,10 @@ def _train(config: TrainConfig, settings: dict) -> dict:
         # `fit` swaps the EMA weights in when it ends; checkpoints hold the
         # raw ones, so a rerun of a finished run swaps them in itself.
         fitted.optimizer.finalize_variable_values(model.trainable_variables)
-    train_seconds = time.perf_counter() - started
+    train_seconds = time.perf_counter() - clock[0]
     # CPU time of all threads: on a shared machine wall time is inflated, and
     # CPU-seconds / cores is what a quiet machine would take.
-    train_cpu_seconds = time.process_time() - cpu_started
+    train_cpu_seconds = time.process_time() - clock[1]
     size = stages[-1][2]
     metadata = _evaluate(fitted, config, size, step)
     metadata.update(
@@ -377,6 +340,7 @@ def _train(config: TrainConfig, settings: dict) -> dict:
         labels=labels,
         preprocessing=data_lib.preprocessing(config.data, size),
         skipped_images=int(sum(int(v.numpy()) for v in skipped)),
+        allowed_config_changes=config_changes,
         paths={},
     )
     if chief:
@@ -482,12 +446,6 @@ def _write_outputs(model, config, metadata, run_dir, size) -> None:
         labels, preprocessing = metadata["labels"], metadata["preprocessing"]
         metadata["export"] = _export(model, config, labels, preprocessing, size)
     (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str))
-
-
-def _as_dict(config: TrainConfig) -> dict:
-    result = dataclasses.asdict(config)
-    result["data"].pop("arrays", None)
-    return result
 
 
 def _number(text: str) -> float:
