@@ -155,7 +155,7 @@ def test_nan_pixel_gives_nan_for_that_image_only(exported, kind):  # noqa: F811
     # What the file itself does (an app calling LiteRT directly); Runner
     # refuses NaN before invoking (test_runner_checks_input_before_invoking).
     unchecked = Runner(root / file_name("digits", kind)).runner
-    clean = unchecked(pixels=pixels)["probabilities"]
+    clean = unchecked(pixels=pixels)
     pixels[0, 5, 5, 0] = np.nan
     dirty = unchecked(pixels=pixels)["probabilities"]
     assert np.all(np.isnan(dirty[0]))
