@@ -212,7 +212,7 @@ def test_progressive_resizing_and_pretrained_init(tmp_path):
 
 
 def test_smoke_version_is_two_steps(tmp_path):
-    from keras_vit.training.config import smoke_version
+    from keras_vit.training.recipes import smoke_version
 
     config = smoke_version(
         override(

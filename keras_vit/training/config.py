@@ -408,51 +408,6 @@ def _validate_distill(distill: DistillConfig) -> None:
     _check("distill.weight", distill.weight, 0.0, 1.0)
 
 
-def smoke_version(config: TrainConfig) -> TrainConfig:
-    """The two-step version of a run: 2 steps, a checkpoint after each,
-    evaluation capped at two batches, a resize (if any) after step 1, no
-    export, at most 8 images a batch, images of at most ~32x32 and at most
-    two transformer blocks (width and heads are kept)."""
-    from keras_vit.models.vit import VARIANTS
-
-    patch = config.model.patch_size or int(config.model.variant.partition("/")[2] or 16)
-
-    def small(size):
-        return size if size <= 32 else max(patch, 32 // patch * patch)
-
-    resize = (
-        ((1, small(config.model.resize_at[-1][1])),) if config.model.resize_at else ()
-    )
-    batch = min(config.batch_size, 8)
-    return dataclasses.replace(
-        config,
-        smoke=True,
-        total_steps=2,
-        checkpoint_every=1,
-        eval_every=0,
-        batch_size=batch,
-        eval_batch_size=min(config.eval_batch_size, 8),
-        export_name="",
-        model=dataclasses.replace(
-            config.model,
-            image_size=small(config.model.image_size),
-            resize_at=resize,
-            num_layers=min(
-                config.model.num_layers
-                or VARIANTS.get(config.model.variant.partition("/")[0], {}).get(
-                    "num_layers", 2
-                ),
-                2,
-            ),
-        ),
-        optim=dataclasses.replace(
-            config.optim,
-            warmup_steps=min(config.optim.warmup_steps, 1),
-            gradient_accumulation_steps=1,
-        ),
-    )
-
-
 _CHOICES = {
     "source": SOURCES,
     "on_error": ("raise", "skip"),

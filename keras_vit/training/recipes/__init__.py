@@ -8,17 +8,61 @@ a `.py` file of the same shape.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import pkgutil
 from pathlib import Path
 
+from keras_vit.models.vit import VARIANTS
 from keras_vit.training.config import (
     TrainConfig,
     override,
-    smoke_version,
     validate,
 )
+
+
+def smoke_version(config: TrainConfig) -> TrainConfig:
+    """The two-step version of a run: 2 steps, a checkpoint after each,
+    evaluation capped at two batches, a resize (if any) after step 1, no
+    export, at most 8 images a batch, images of at most ~32x32 and at most
+    two transformer blocks (width and heads are kept)."""
+    patch = config.model.patch_size or int(config.model.variant.partition("/")[2] or 16)
+
+    def small(size):
+        return size if size <= 32 else max(patch, 32 // patch * patch)
+
+    resize = (
+        ((1, small(config.model.resize_at[-1][1])),) if config.model.resize_at else ()
+    )
+    batch = min(config.batch_size, 8)
+    return dataclasses.replace(
+        config,
+        smoke=True,
+        total_steps=2,
+        checkpoint_every=1,
+        eval_every=0,
+        batch_size=batch,
+        eval_batch_size=min(config.eval_batch_size, 8),
+        export_name="",
+        model=dataclasses.replace(
+            config.model,
+            image_size=small(config.model.image_size),
+            resize_at=resize,
+            num_layers=min(
+                config.model.num_layers
+                or VARIANTS.get(config.model.variant.partition("/")[0], {}).get(
+                    "num_layers", 2
+                ),
+                2,
+            ),
+        ),
+        optim=dataclasses.replace(
+            config.optim,
+            warmup_steps=min(config.optim.warmup_steps, 1),
+            gradient_accumulation_steps=1,
+        ),
+    )
 
 
 def recipe_names() -> list[str]:
@@ -62,4 +106,4 @@ def load_recipe(name_or_path: str, overrides: dict | None = None) -> TrainConfig
     return validate(config)
 
 
-__all__ = ["base_recipe", "load_recipe", "recipe_names"]
+__all__ = ["base_recipe", "load_recipe", "recipe_names", "smoke_version"]
