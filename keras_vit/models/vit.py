@@ -120,25 +120,9 @@ def build_transformer(
     Shared by `ViT` (pixels cut into patches) and `HybridViT` (a CNN feature
     map cut into 1x1 patches), so both have exactly the same transformer.
     """
-    if pooling not in POOLING_MODES:
-        raise ValueError(
-            f"`pooling` must be 'token', 'gap', 'map' or None, got {pooling!r}."
-        )
-    if pooling is None and include_top:
-        raise ValueError("`pooling=None` is only valid with `include_top=False`.")
-    if include_top and (not isinstance(num_classes, int) or num_classes < 1):
-        raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
-    if class_token is None:
-        class_token = pooling not in ("gap", "map") or distilled
-    if pooling == "token" and not class_token:
-        raise ValueError("`pooling='token'` needs `class_token=True`.")
-    if distilled and pooling != "token":
-        raise ValueError(
-            f"`distilled=True` pools the class and distillation tokens; it needs "
-            f"pooling='token', got {pooling!r}."
-        )
-    if pool_norm and pooling is None:
-        raise ValueError("`pool_norm=True` needs a pooling mode.")
+    class_token = _check_pooling(
+        pooling, include_top, num_classes, class_token, distilled, pool_norm
+    )
     if not 0.0 <= drop_path_rate < 1.0:
         raise ValueError(f"`drop_path_rate` must be in [0, 1), got {drop_path_rate!r}.")
 
@@ -181,7 +165,68 @@ def build_transformer(
         x = encoder_norm(x)
     if pooling is None:
         return keras.Model(inputs, x, name=name)
+    head_options = dict(
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+        num_classes=num_classes,
+        include_top=include_top,
+        pooling=pooling,
+        representation_size=representation_size,
+        distilled=distilled,
+        pool_norm=pool_norm,
+        qkv_bias=qkv_bias,
+        layer_norm_epsilon=layer_norm_epsilon,
+        classifier_activation=classifier_activation,
+    )
+    outputs = _pool_and_head(x, prefix, encoder_norm, **head_options)
+    return keras.Model(inputs, outputs, name=name)
 
+
+def _check_pooling(
+    pooling, include_top, num_classes, class_token, distilled, pool_norm
+) -> bool:
+    """Validates the pooling options; returns whether there is a class token."""
+    if pooling not in POOLING_MODES:
+        raise ValueError(
+            f"`pooling` must be 'token', 'gap', 'map' or None, got {pooling!r}."
+        )
+    if pooling is None and include_top:
+        raise ValueError("`pooling=None` is only valid with `include_top=False`.")
+    if include_top and (not isinstance(num_classes, int) or num_classes < 1):
+        raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
+    if class_token is None:
+        class_token = pooling not in ("gap", "map") or distilled
+    if pooling == "token" and not class_token:
+        raise ValueError("`pooling='token'` needs `class_token=True`.")
+    if distilled and pooling != "token":
+        raise ValueError(
+            f"`distilled=True` pools the class and distillation tokens; it needs "
+            f"pooling='token', got {pooling!r}."
+        )
+    if pool_norm and pooling is None:
+        raise ValueError("`pool_norm=True` needs a pooling mode.")
+    return class_token
+
+
+def _pool_and_head(
+    x,
+    prefix,
+    encoder_norm,
+    *,
+    num_heads,
+    mlp_dim,
+    num_classes,
+    include_top,
+    pooling,
+    representation_size,
+    distilled,
+    pool_norm,
+    qkv_bias,
+    layer_norm_epsilon,
+    classifier_activation,
+):
+    """Pooling, optional pre-logits and the float32 head on the encoded
+    tokens `x`; the pooled features when `include_top=False`."""
     if pooling == "map":
         # Over every token, prefix tokens included, as big_vision and timm do.
         pool = MAPHead(
@@ -204,7 +249,7 @@ def build_transformer(
         )
         features = [pre_logits(f) for f in features]
     if not include_top:
-        return keras.Model(inputs, features[0], name=name)
+        return features[0]
 
     def head(f, head_name):
         # float32 logits whatever the global mixed-precision policy.
@@ -221,7 +266,7 @@ def build_transformer(
         logits = keras.layers.Activation(
             classifier_activation, dtype="float32", name="predictions"
         )(logits)
-    return keras.Model(inputs, logits, name=name)
+    return logits
 
 
 def ViT(
