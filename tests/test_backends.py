@@ -13,7 +13,14 @@ OTHER_BACKENDS = [name for name in ("jax", "torch") if importlib.util.find_spec(
 
 
 def test_layers_and_vit_builder_use_no_tensorflow():
-    for module in ("layers.py", "blocks.py", "vit.py", "hybrid.py", "resolution.py"):
+    for module in (
+        "layers.py",
+        "blocks.py",
+        "sublayers.py",
+        "vit.py",
+        "hybrid.py",
+        "resolution.py",
+    ):
         source = (REPO / "keras_vit" / "models" / module).read_text()
         assert not re.search(r"\btf\.|import tensorflow", source), module
 

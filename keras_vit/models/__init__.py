@@ -2,18 +2,13 @@
 builders, resolution change and the preprocessing contract. Imports nothing
 else of keras_vit; importing it registers every layer for `.keras` loading."""
 
-from keras_vit.models.blocks import (
-    MLP,
-    DropPath,
-    LayerScale,
-    MultiHeadSelfAttention,
-    TransformerBlock,
-)
+from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
 from keras_vit.models.features import PatchTokens, feature_extractor
 from keras_vit.models.hybrid import HybridViT, StdConv2D
 from keras_vit.models.layers import PatchEncoder, Patches, TokenPooling
 from keras_vit.models.pooling import MAPHead
 from keras_vit.models.resolution import resample_position_embedding, with_image_size
+from keras_vit.models.sublayers import MLP, DropPath, LayerScale
 from keras_vit.models.vit import (
     ARCHITECTURE_KEYS,
     VARIANTS,

@@ -1,5 +1,6 @@
-"""The encoder block: self-attention, MLP, stochastic depth and LayerScale,
-written with `keras.ops` only.
+"""The encoder block: self-attention and the block around it (its MLP,
+stochastic depth and LayerScale live in `sublayers`), written with
+`keras.ops` only.
 
 `TransformerBlock` maps `(batch, num_tokens, hidden_dim)` to the same shape:
 `x + DropPath(MHSA(LN(x)))`, then `x + DropPath(MLP(LN(x)))`.
@@ -10,37 +11,14 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-register = keras.saving.register_keras_serializable(package="keras_vit")
-
-
-def with_sublayer_policies(layer: keras.layers.Layer, config: dict) -> dict:
-    """`config` with the quantized sub-layers' policies in its `dtype`.
-
-    `model.quantize` gives each quantized `Dense` its own policy; a layer that
-    created that `Dense` itself must record it, or a `.keras` reload rebuilds
-    the float layer and fails on the extra scale variable. The map is keyed by
-    layer path, and the sub-layers receive it through `dtype=self.dtype_policy`.
-    """
-    quantized = {}
-    for sub in layer._flatten_layers(include_self=False):
-        if sub.quantization_mode is not None:
-            policy = sub.dtype_policy
-            if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
-                policy = policy[sub.path]
-            quantized[sub.path] = policy
-    if not quantized:
-        return config
-    default = layer.dtype_policy
-    if isinstance(default, keras.dtype_policies.DTypePolicyMap):
-        default = default.default_policy
-    policy_map = keras.dtype_policies.DTypePolicyMap(default, quantized)
-    return {**config, "dtype": keras.dtype_policies.serialize(policy_map)}
-
-
-def _check_rate(name: str, value: float) -> float:
-    if not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"`{name}` must be in [0, 1), got {value!r}.")
-    return float(value)
+from keras_vit.models.sublayers import (
+    MLP,
+    DropPath,
+    LayerScale,
+    check_rate,
+    register,
+    with_sublayer_policies,
+)
 
 
 def _check_query_tokens(num_query_tokens, num_tokens):
@@ -116,10 +94,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # the derived `head_dim` so `get_config` returns exactly the input.
         self.head_dim_arg = None if head_dim is None else int(head_dim)
         self.qkv_bias = bool(qkv_bias)
-        self.attention_dropout_rate = _check_rate(
+        self.attention_dropout_rate = check_rate(
             "attention_dropout_rate", attention_dropout_rate
         )
-        self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
         # float32 so the dropout layer's policy does not cast the probabilities.
         self.probs_dropout = keras.layers.Dropout(
             self.attention_dropout_rate, dtype="float32", name="probs_dropout"
@@ -214,142 +192,6 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
 
 @register
-class MLP(keras.layers.Layer):
-    """Two-layer feed-forward block: Dense(mlp_dim) + GELU + Dense(hidden_dim).
-
-    Args:
-        mlp_dim: int, width of the hidden layer.
-        dropout_rate: float, dropout after each Dense.
-        approximate_gelu: bool, tanh approximation of GELU (exact erf when
-            False, as in the paper and timm).
-
-    Call arguments:
-        x: `(batch, num_tokens, hidden_dim)`.
-        training: bool, whether dropout is active.
-    """
-
-    def __init__(
-        self,
-        mlp_dim: int,
-        dropout_rate: float = 0.0,
-        approximate_gelu: bool = False,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.mlp_dim = int(mlp_dim)
-        self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
-        self.approximate_gelu = bool(approximate_gelu)
-        self.hidden_dropout = keras.layers.Dropout(
-            self.dropout_rate, dtype=self.dtype_policy, name="hidden_dropout"
-        )
-        self.output_dropout = keras.layers.Dropout(
-            self.dropout_rate, dtype=self.dtype_policy, name="output_dropout"
-        )
-
-    def build(self, input_shape):
-        self.fc1 = keras.layers.Dense(self.mlp_dim, dtype=self.dtype_policy, name="fc1")
-        self.fc1.build((None, input_shape[-1]))
-        self.fc2 = keras.layers.Dense(
-            input_shape[-1], dtype=self.dtype_policy, name="fc2"
-        )
-        self.fc2.build((None, self.mlp_dim))
-        self.hidden_dropout.build((None, self.mlp_dim))
-        self.output_dropout.build(input_shape)
-
-    def call(self, x, training=None):
-        # On 2-D (tokens, features) TensorFlow's oneDNN rewrite fuses
-        # MatMul + BiasAdd + exact GELU into one kernel; on the 3-D input it
-        # is a BatchMatMul and GELU's erf runs as separate passes (README, Performance).
-        leading = tuple(
-            ops.shape(x)[i] if d is None else d for i, d in enumerate(x.shape[:-1])
-        )
-        h = ops.reshape(x, (-1, x.shape[-1]))
-        h = ops.gelu(self.fc1(h), approximate=self.approximate_gelu)
-        h = self.hidden_dropout(h, training=training)
-        h = self.output_dropout(self.fc2(h), training=training)
-        return ops.reshape(h, (*leading, h.shape[-1]))
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        config = {
-            **super().get_config(),
-            "mlp_dim": self.mlp_dim,
-            "dropout_rate": self.dropout_rate,
-            "approximate_gelu": self.approximate_gelu,
-        }
-        return with_sublayer_policies(self, config)
-
-
-@register
-class DropPath(keras.layers.Layer):
-    """Stochastic depth: drops the whole residual branch per sample.
-
-    Args:
-        rate: float, probability of dropping the branch in training.
-        seed: int or None, seed of the drop mask.
-
-    Call arguments:
-        x: `(batch, ...)`, the residual branch.
-        training: bool, whether samples are dropped.
-    """
-
-    def __init__(self, rate: float = 0.0, seed: int | None = None, **kwargs):
-        super().__init__(**kwargs)
-        self.rate = _check_rate("rate", rate)
-        self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed)
-
-    def call(self, x, training=None):
-        if not training or self.rate == 0.0:
-            return x
-        keep = 1.0 - self.rate
-        shape = (ops.shape(x)[0],) + (1,) * (len(x.shape) - 1)
-        noise = keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype)
-        mask = ops.cast(noise < keep, x.dtype)
-        return x * mask / ops.cast(keep, x.dtype)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
-
-
-@register
-class LayerScale(keras.layers.Layer):
-    """Per-channel learned scale of a residual branch (CaiT, DeiT III).
-
-    Args:
-        init_value: float, initial value of every scale.
-
-    Call arguments:
-        x: `(..., hidden_dim)`.
-    """
-
-    def __init__(self, init_value: float = 1e-5, **kwargs):
-        super().__init__(**kwargs)
-        self.init_value = float(init_value)
-
-    def build(self, input_shape):
-        self.gamma = self.add_weight(
-            shape=(input_shape[-1],),
-            initializer=keras.initializers.Constant(self.init_value),
-            name="gamma",
-        )
-
-    def call(self, x):
-        return x * ops.cast(self.gamma, x.dtype)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        return {**super().get_config(), "init_value": self.init_value}
-
-
-@register
 class TransformerBlock(keras.layers.Layer):
     """Pre-norm encoder block: `x + MHSA(LN(x))`, then `x + MLP(LN(x))`.
 
@@ -395,11 +237,11 @@ class TransformerBlock(keras.layers.Layer):
         self.num_heads = int(num_heads)
         self.head_dim = None if head_dim is None else int(head_dim)
         self.mlp_dim = int(mlp_dim)
-        self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
-        self.attention_dropout_rate = _check_rate(
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
+        self.attention_dropout_rate = check_rate(
             "attention_dropout_rate", attention_dropout_rate
         )
-        self.drop_path_rate = _check_rate("drop_path_rate", drop_path_rate)
+        self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
         self.qkv_bias = bool(qkv_bias)
         self.layer_scale_init = layer_scale_init
         self.layer_norm_epsilon = layer_norm_epsilon

@@ -7,7 +7,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_vit.models.blocks import register
+from keras_vit.models.sublayers import register
 
 OUTPUTS = ("grid", "tokens")
 

@@ -14,12 +14,14 @@ import numpy as np
 from keras import ops
 
 from keras_vit.models.blocks import (  # noqa: F401  re-exported: one import for all layers
+    MultiHeadSelfAttention,
+    TransformerBlock,
+)
+from keras_vit.models.sublayers import (  # noqa: F401  re-exported, as above
     MLP,
     DropPath,
     LayerScale,
-    MultiHeadSelfAttention,
-    TransformerBlock,
-    _check_rate,
+    check_rate,
     register,
     with_sublayer_policies,
 )
@@ -193,7 +195,7 @@ class PatchEncoder(keras.layers.Layer):
         self.position_embedding = position_embedding
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
         self.patch_norm = bool(patch_norm)
-        self.dropout_rate = _check_rate("dropout_rate", dropout_rate)
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
         self.layer_norm_epsilon = layer_norm_epsilon
         policy = self.dtype_policy
         self.projection = keras.layers.Dense(

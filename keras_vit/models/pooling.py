@@ -12,7 +12,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_vit.models.blocks import MLP, register
+from keras_vit.models.sublayers import MLP, register
 
 
 @register
