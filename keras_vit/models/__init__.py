@@ -6,6 +6,7 @@ from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
 from keras_vit.models.features import PatchTokens, feature_extractor
 from keras_vit.models.hybrid import HybridViT, StdConv2D
 from keras_vit.models.layers import PatchEncoder, Patches, TokenPooling
+from keras_vit.models.lora import enable_lora, merge_lora
 from keras_vit.models.pooling import MAPHead
 from keras_vit.models.resolution import resample_position_embedding, with_image_size
 from keras_vit.models.sublayers import MLP, DropPath, LayerScale
@@ -35,8 +36,10 @@ __all__ = [
     "TransformerBlock",
     "ViT",
     "distillation_heads",
+    "enable_lora",
     "feature_extractor",
     "image_hw",
+    "merge_lora",
     "parse_variant",
     "resample_position_embedding",
     "with_image_size",

@@ -25,6 +25,8 @@ VARIANTS = {
 }
 
 ARCHITECTURE_KEYS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim")
+# The classification heads' layer names (`build_transformer`).
+HEAD_LAYERS = ("head", "head_dist")
 
 
 def parse_variant(variant: str, **overrides) -> dict:

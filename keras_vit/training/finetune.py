@@ -8,11 +8,10 @@ import re
 import keras
 from keras import ops
 
-from keras_vit.models.vit import distillation_heads
+from keras_vit.models.vit import HEAD_LAYERS, distillation_heads
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
-HEAD_LAYERS = ("head", "head_dist")
 # Layers after the last block: they learn at the full rate, like the head.
 TOP_LAYERS = ("encoder_norm", "pooling", "dist_pooling", "pre_logits", *HEAD_LAYERS)
 
