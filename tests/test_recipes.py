@@ -63,6 +63,7 @@ NEEDS = {
     "vit_ti16_imagefolder": lambda tmp: {"data.path": str(image_folder(tmp / "data"))},
     "finetune_digits": pretrained_for("finetune_digits"),
     "finetune_digits_probe": pretrained_for("finetune_digits_probe"),
+    "finetune_digits_lora": pretrained_for("finetune_digits_lora"),
     "prune_digits": pretrained_for("prune_digits"),
     "distill_digits": teacher_for("distill_digits"),
 }

@@ -151,13 +151,36 @@ def merged_kernel(dense: keras.layers.Dense):
     )
 
 
+def restart_lora_adapters(model: keras.Model, seed: int | None = None) -> int:
+    """Fresh adapters (`A` He-uniform, `B` zeros) on every LoRA `Dense` of
+    `model`, which keeps computing what it did; returns how many layers.
+
+    Keras saves a LoRA `Dense` with the adapters merged into its kernel and
+    zeroes them on load, and with `A = B = 0` neither gets a gradient: after
+    loading a checkpoint, LoRA training continues only from fresh adapters.
+    """
+    layers = [
+        layer
+        for layer in model._flatten_layers(include_self=False)
+        if getattr(layer, "lora_enabled", False)
+    ]
+    generator = keras.random.SeedGenerator(seed)
+    for layer in layers:
+        init = keras.initializers.HeUniform(seed=generator)
+        layer.lora_kernel_a.assign(init(layer.lora_kernel_a.shape, "float32"))
+        layer.lora_kernel_b.assign(ops.zeros(layer.lora_kernel_b.shape, "float32"))
+    return len(layers)
+
+
 def _strip_lora(config):
-    """The config with every Dense's `lora_rank` / `lora_alpha` removed."""
+    """The config with every Dense's `lora_rank` / `lora_alpha` removed, and
+    every layer's `trainable`: a layer built frozen makes its variables
+    non-trainable for good, and the merged model starts unfrozen."""
     if isinstance(config, dict):
         return {
             key: _strip_lora(value)
             for key, value in config.items()
-            if key not in ("lora_rank", "lora_alpha")
+            if key not in ("lora_rank", "lora_alpha", "trainable")
         }
     if isinstance(config, list):
         return [_strip_lora(value) for value in config]
@@ -201,4 +224,5 @@ __all__ = [
     "lora_layers",
     "merge_lora",
     "merged_kernel",
+    "restart_lora_adapters",
 ]

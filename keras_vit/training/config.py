@@ -76,7 +76,8 @@ class ModelConfig:
     name (resized to `image_size`; a head of another shape is left fresh), or
     a timm / Hugging Face / AugReg checkpoint (`keras_vit.pretrained`),
     whose own architecture is then used with a new zero head. `freeze_backbone`: a
-    linear probe, only the head trains.
+    linear probe, only the head trains. `lora_rank` > 0: LoRA fine-tuning
+    (`keras_vit.enable_lora`, QKV and projection), saved and exported merged.
     """
 
     kind: str = "vit"
@@ -96,6 +97,7 @@ class ModelConfig:
     resize_at: tuple = ()
     pretrained: str = ""
     freeze_backbone: bool = False
+    lora_rank: int = 0
     distilled: bool = False  # DeiT class + distillation tokens and heads
     # kind="hybrid": ResNet-v2 stem blocks per stage (() = the paper's R50) and
     # its width (0 = 64); kind="cnn": SmallCNN's filters per stage.
@@ -329,12 +331,21 @@ def _validate_run(config: TrainConfig) -> None:
 
 
 def _validate_model(model: ModelConfig) -> None:
-    for key in ("image_size", *ARCHITECTURE_KEYS, "representation_size"):
+    for key in ("image_size", *ARCHITECTURE_KEYS, "representation_size", "lora_rank"):
         low = 1 if key == "image_size" else 0
         _check(f"model.{key}", getattr(model, key), low, None, int)
     for key in ("dropout_rate", "attention_dropout_rate", "drop_path_rate"):
         _check(f"model.{key}", getattr(model, key), 0.0, 0.99)
     _check("model.layer_scale_init", model.layer_scale_init, 0.0)
+    if model.lora_rank and (
+        model.kind != "vit" or model.freeze_backbone or model.resize_at
+    ):
+        raise ValueError(
+            f"model.lora_rank={model.lora_rank} applies to model.kind='vit' without "
+            f"freeze_backbone or resize_at, got kind={model.kind!r}, "
+            f"freeze_backbone={model.freeze_backbone!r}, "
+            f"resize_at={model.resize_at!r}."
+        )
 
 
 def _validate_optim(optim: OptimConfig) -> None:

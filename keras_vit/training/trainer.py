@@ -19,6 +19,7 @@ import numpy as np
 from keras_vit.analysis.flops import vit_macs
 from keras_vit.hardware import choose_settings
 from keras_vit.hardware import describe as describe_hardware
+from keras_vit.models.lora import enable_lora, merge_lora, restart_lora_adapters
 from keras_vit.models.resolution import with_image_size
 from keras_vit.models.vit import ARCHITECTURE_KEYS, ViT
 from keras_vit.training import checkpoints as checkpoint_lib
@@ -89,6 +90,8 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
         _load_pretrained(model, m.pretrained)
     if m.freeze_backbone:
         freeze_backbone(model)
+    if m.lora_rank:
+        enable_lora(model, m.lora_rank)
     return model
 
 
@@ -343,6 +346,9 @@ def _run(config, settings, run_dir, strategy, chief, clock, config_changes) -> d
         allowed_config_changes=config_changes,
         paths={},
     )
+    if config.model.lora_rank:
+        # Saved, exported and returned as an ordinary model.
+        model = merge_lora(model)
     if chief:
         _write_outputs(model, config, metadata, run_dir, size)
     metadata["model"] = model
@@ -364,7 +370,11 @@ def _restore(config, strategy, stages, num_classes, run_dir):
         )
         fitted = distill_lib.wrap(model, config)
         _compile(fitted, config, strategy, 0)
-    return model, fitted, checkpoint_lib.restore_latest(checkpoints, fitted)
+    step = checkpoint_lib.restore_latest(checkpoints, fitted)
+    if step and config.model.lora_rank:
+        # The checkpoint holds merged kernels and zero adapters (Keras' LoRA).
+        restart_lora_adapters(model, config.seed + step)
+    return model, fitted, step
 
 
 def _fit_stages(model, fitted, config, strategy, stages, step, run_dir, chief):
