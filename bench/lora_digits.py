@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +35,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--recipes", default="finetune_digits_probe,finetune_digits_lora"
     )
     parser.add_argument("--set", nargs="*", default=[], help="key=value overrides")
+    parser.add_argument(
+        "--probe-learning-rates",
+        default="3e-3,3e-2,1e-1,3e-1",
+        help="the probe also at these rates (first seed): is 1e-2 its best?",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.recipes = args.recipes.split(",")
+    rates = args.probe_learning_rates
+    args.probe_learning_rates = [r for r in rates.split(",") if r]
     return args
 
 
@@ -92,52 +98,66 @@ def trainable_params(config) -> int:
     return int(sum(np.prod(v.shape) for v in model.trainable_weights))
 
 
-def run(args) -> dict:
+def fine_tune(recipe: str, seed: int, start: Path, overrides: dict) -> dict:
     from keras_vit.training.recipes import load_recipe
     from keras_vit.training.trainer import train
 
+    # One run folder per setting: a folder resumes only the run it holds.
+    tag = "".join(f"_{key}={value}" for key, value in overrides.items())
+    config = load_recipe(
+        recipe,
+        {
+            "model.pretrained": str(start),
+            "seed": str(seed),
+            "verbose": "0",
+            "run_dir": f"runs/lora_digits/{recipe}_s{seed}{tag}",
+            **overrides,
+        },
+    )
+    metadata = train(config)
+    row = {
+        "recipe": recipe,
+        "seed": seed,
+        "learning_rate": config.optim.learning_rate,
+        **held_out_accuracy(metadata["model"]),
+        "trainer_accuracy": metadata["accuracy"],
+        "trainable_params": trainable_params(config),
+        "steps": metadata["steps"],
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def run(args) -> dict:
     start = Path("runs/lora_digits_pretrain/model.keras")
+    if not start.is_file():
+        pretrain(start, args.pretrain_steps)
+    pretrained = json.loads((start.parent / "metadata.json").read_text())
     report = {
         "pretrained": str(start),
         "seen_classes": list(range(SEEN)),
+        "pretrain_steps": pretrained["steps"],
+        "pretrain_accuracy_seen": pretrained["accuracy"],
         "overrides": args.set,
         "runs": [],
+        "probe_learning_rates": [],
     }
-    if not start.is_file():
-        report["pretrain_accuracy_seen"] = pretrain(start, args.pretrain_steps)
-        report["pretrain_steps"] = args.pretrain_steps
     overrides = dict(item.split("=", 1) for item in args.set)
-    # One run folder per setting: a folder resumes only the run it holds.
-    tag = "".join(f"_{key}={value}" for key, value in overrides.items())
     for seed in args.seeds:
         for recipe in args.recipes:
-            clock = time.perf_counter()
-            config = load_recipe(
-                recipe,
-                {
-                    "model.pretrained": str(start),
-                    "seed": str(seed),
-                    "verbose": "0",
-                    "run_dir": f"runs/lora_digits/{recipe}_s{seed}{tag}",
-                    **overrides,
-                },
-            )
-            metadata = train(config)
-            model = metadata["model"]
-            row = {
-                "recipe": recipe,
-                "seed": seed,
-                **held_out_accuracy(model),
-                "trainer_accuracy": metadata["accuracy"],
-                "trainable_params": trainable_params(config),
-                "steps": metadata["steps"],
-                "seconds": round(time.perf_counter() - clock, 1),
-            }
-            report["runs"].append(row)
-            print(json.dumps(row), flush=True)
+            report["runs"].append(fine_tune(recipe, seed, start, overrides))
     for recipe in args.recipes:
         values = [r["accuracy"] for r in report["runs"] if r["recipe"] == recipe]
         report[f"mean_{recipe}"] = statistics.mean(values)
+    for rate in args.probe_learning_rates:
+        report["probe_learning_rates"].append(
+            fine_tune(
+                "finetune_digits_probe",
+                args.seeds[0],
+                start,
+                {**overrides, "optim.learning_rate": rate},
+            )
+        )
     return report
 
 

@@ -5,6 +5,7 @@ for export; `model.lora_rank` does both in a recipe."""
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from helpers import FLOAT32_PARITY, assert_parity, check_reloads_in_fresh_process
 
 import keras_vit
@@ -112,6 +113,30 @@ def test_merged_model_is_ordinary_and_computes_the_same(tmp_path):
     # The adapters did change the function: merging is not a no-op.
     assert np.max(np.abs(logits - np.asarray(small_vit()(x)))) > 1e-3
     check_reloads_in_fresh_process(merged, x, tmp_path)
+
+
+def test_export_model_exports_a_lora_model_merged(tmp_path):
+    from keras_vit.deploy.export import export_model
+
+    model = small_vit()
+    keras_vit.enable_lora(model, 4)
+    fit(model, steps=2)
+    preprocessing = {
+        "image_size": (16, 16),
+        "channels": 1,
+        "mean": [0.5],
+        "std": [0.5],
+        "pixel_scale": 255.0,
+    }
+    export_model(model, "lora", tmp_path, tflite=(), preprocessing=preprocessing)
+    saved = tf.saved_model.load(str(tmp_path / "lora" / "1"))
+    assert not [v.name for v in saved.variables if "lora" in v.name]
+    pixels = np.random.default_rng(1).uniform(0, 255, (4, 16, 16, 1)).astype("float32")
+    x = (pixels / 255.0 - 0.5) / 0.5
+    served = saved.signatures["serving_default"](pixels=tf.constant(pixels))
+    logits = np.asarray(model(x))
+    # One float32 graph against another: FLOAT32_PARITY of the logits' scale.
+    assert_parity(served["logits"], logits, logits, FLOAT32_PARITY, "export")
 
 
 def test_lora_model_saves_merged_and_restarts_after_a_checkpoint(tmp_path):

@@ -44,6 +44,7 @@ from keras_vit.deploy.signatures import Graphs, write_saved_model, write_warmup_
 from keras_vit.files import write_atomic
 from keras_vit.models import quantization
 from keras_vit.models.image_bytes import DEFAULT_MAX_PIXELS
+from keras_vit.models.lora import has_lora, merge_lora
 from keras_vit.models.preprocessing import (
     normalize_pixels,
     normalize_preprocessing,
@@ -267,6 +268,9 @@ def export_model(
     representative, verify = _images(
         representative_images, verify_images, preprocessing, kinds
     )
+    if has_lora(model):
+        # The adapters folded into the kernels: an ordinary graph to export.
+        model = merge_lora(model)
     float_model = model
     if quantize is not None:
         model = quantization.quantized_copy(model, quantize)

@@ -142,6 +142,14 @@ def _ancestors(model: keras.Model, dense) -> list:
     ]
 
 
+def has_lora(model: keras.Model) -> bool:
+    """Whether any `Dense` of `model` carries LoRA adapters."""
+    return any(
+        getattr(layer, "lora_enabled", False)
+        for layer in model._flatten_layers(include_self=False)
+    )
+
+
 def merged_kernel(dense: keras.layers.Dense):
     """`W + alpha / rank * A @ B` of a float LoRA `Dense`, in float32 (Keras'
     own `kernel` property casts it to the compute dtype)."""
@@ -221,6 +229,7 @@ __all__ = [
     "DEFAULT_LORA_TARGETS",
     "LORA_TARGETS",
     "enable_lora",
+    "has_lora",
     "lora_layers",
     "merge_lora",
     "merged_kernel",
