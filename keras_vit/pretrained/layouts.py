@@ -48,8 +48,13 @@ def patch_kernel(w):  # torch (out, in, p, p) -> Patches + Dense (p * p * in, ou
     return w.transpose(2, 3, 1, 0).reshape(-1, w.shape[0])
 
 
+# Suffixes of a normalisation's scale and offset: torch's and Flax's.
+TORCH_NORM = (".weight", ".bias")
+FLAX_NORM = ("/scale", "/bias")
+
+
 def add_layer_norm(
-    plan: Plan, target: str, source: str, suffixes=(".weight", ".bias"), fn=None
+    plan: Plan, target: str, source: str, suffixes=TORCH_NORM, fn=None
 ) -> None:
     """A normalisation layer's scale and offset (`gamma`, `beta`, the names
     keras' LayerNormalization and GroupNormalization share) from `source`
