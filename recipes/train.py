@@ -5,7 +5,7 @@ file. Every config key can be overridden, e.g.
 
     python recipes/train.py digits --optim.learning_rate 1e-3 --set batch_size=128
     python recipes/train.py digits --smoke       # a two-step run
-    python recipes/train.py --keys               # list the valid keys
+    python recipes/train.py digits --keys        # every key, its type and value
 
 Progress: Keras' progress bar in a terminal, one line per epoch otherwise
 (`--verbose 0|1|2` chooses). TensorFlow's native INFO and WARNING lines are
@@ -22,8 +22,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from keras_vit.training.config import config_keys, parse_overrides  # noqa: E402
-from keras_vit.training.recipes import load_recipe  # noqa: E402
+from keras_vit.training.config import parse_overrides  # noqa: E402
+from keras_vit.training.recipes import keys_request, load_recipe  # noqa: E402
 from keras_vit.training.report import progress_verbosity, run_summary  # noqa: E402
 
 
@@ -31,16 +31,17 @@ def main(argv: list[str]) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
-    if argv[:1] == ["--keys"]:
-        print("\n".join(config_keys()))
-        return 0
-    recipe = "digits"
+    recipe, overrides = "digits", argv
     if argv and not argv[0].startswith("--"):
-        recipe, argv = argv[0], argv[1:]
+        recipe, overrides = argv[0], argv[1:]
     from keras_vit.cli.common import user_error_line
 
     try:
-        config = load_recipe(recipe, progress_verbosity(parse_overrides(argv)))
+        keys = keys_request(argv)
+        if keys is not None:
+            print("\n".join(keys))
+            return 0
+        config = load_recipe(recipe, progress_verbosity(parse_overrides(overrides)))
         from keras_vit.training.trainer import train
 
         metadata = train(config)

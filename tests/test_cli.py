@@ -265,6 +265,33 @@ def test_convert_a_hugging_face_checkpoint(capsys, tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "argv", [("digits", "--keys"), ("--keys",), ("digits", "--smoke", "--keys")]
+)
+def test_train_keys_lists_every_key_with_type_and_recipe_value(capsys, argv):
+    from keras_vit.training.config import config_keys
+    from keras_vit.training.recipes import base_recipe
+
+    code, out, err = run(capsys, "train", *argv)
+    assert code == 0, err
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    assert [row[0] for row in rows] == config_keys()
+    table = {key: (kind, value) for key, kind, value in rows}
+    assert table["model.variant"][0] == "str"
+    assert table["optim.learning_rate"][0] == "float"
+    # The recipe's own values; --smoke, like any override, shows in the table.
+    recipe = base_recipe("digits")
+    assert table["model.image_size"] == ("int", repr(recipe.model.image_size))
+    steps = 2 if "--smoke" in argv else recipe.total_steps
+    assert table["total_steps"] == ("int", repr(steps))
+
+
+def test_train_keys_with_a_bad_override_is_one_line(capsys):
+    code, out, err = run(capsys, "train", "digits", "--keys", "--optim.lrate", "1")
+    assert code == 2 and out == ""
+    assert "Unknown config key 'optim.lrate'" in err
+
+
 @pytest.mark.slow
 def test_train_smoke_run(capsys, tmp_path):
     code, stdout, err = run(

@@ -27,7 +27,7 @@ from keras_vit.models.layers import (
     TransformerBlock,
 )
 from keras_vit.models.pooling import MAPHead
-from keras_vit.models.vit import image_hw, parse_variant
+from keras_vit.models.vit import resolve_architecture
 
 
 def _attention_macs(tokens: int, hidden_dim: int, inner: int | None = None) -> int:
@@ -202,21 +202,20 @@ def count_macs(model: keras.Model) -> int:
     return sum(macs.values())
 
 
-def _vit_shape(variant, image_size, num_channels, overrides, options):
-    arch = parse_variant(variant, **overrides)
-    height, width = image_hw(image_size)
+def _vit_shape(variant, image_size, num_channels, options):
+    """`(arch, num_patches, patch_dim, prefix tokens, other options)` for
+    `ViT`'s arguments, checked as `ViT` checks them."""
+    arch, (height, width), options = resolve_architecture(variant, image_size, options)
+    _check_options(options)
     p = arch["patch_size"]
-    if height % p or width % p:
-        raise ValueError(
-            f"image_size {height}x{width} is not divisible by patch_size {p}."
-        )
     distilled = bool(options.get("distilled", False))
     class_token = options.get("class_token")
     if class_token is None:
         class_token = options.get("pooling", "token") not in ("gap", "map")
         class_token = class_token or distilled
     prefix = int(bool(class_token)) + int(distilled)
-    return arch, (height // p) * (width // p), p * p * num_channels, prefix
+    num_patches = (height // p) * (width // p)
+    return arch, num_patches, p * p * num_channels, prefix, options
 
 
 _COUNTED_OPTIONS = {
@@ -258,11 +257,6 @@ def vit_parameter_count(
     num_classes: int = 1000,
     *,
     num_channels: int = 3,
-    patch_size: int | None = None,
-    hidden_dim: int | None = None,
-    num_layers: int | None = None,
-    num_heads: int | None = None,
-    mlp_dim: int | None = None,
     **options,
 ) -> int:
     """`ViT(...).count_params()` for the same arguments, without building it.
@@ -272,16 +266,8 @@ def vit_parameter_count(
     5,524,416. Non-trainable weights (a sin-cos position table) count too,
     as in `count_params`.
     """
-    _check_options(options)
-    overrides = dict(
-        patch_size=patch_size,
-        hidden_dim=hidden_dim,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        mlp_dim=mlp_dim,
-    )
-    arch, num_patches, patch_dim, prefix = _vit_shape(
-        variant, image_size, num_channels, overrides, options
+    arch, num_patches, patch_dim, prefix, options = _vit_shape(
+        variant, image_size, num_channels, options
     )
     d, m = arch["hidden_dim"], arch["mlp_dim"]
     registers = options.get("num_register_tokens", 0)
@@ -324,24 +310,11 @@ def vit_macs(
     num_classes: int = 1000,
     *,
     num_channels: int = 3,
-    patch_size: int | None = None,
-    hidden_dim: int | None = None,
-    num_layers: int | None = None,
-    num_heads: int | None = None,
-    mlp_dim: int | None = None,
     **options,
 ) -> int:
     """`count_macs(ViT(...))` for the same arguments, without building it."""
-    _check_options(options)
-    overrides = dict(
-        patch_size=patch_size,
-        hidden_dim=hidden_dim,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        mlp_dim=mlp_dim,
-    )
-    arch, num_patches, patch_dim, prefix = _vit_shape(
-        variant, image_size, num_channels, overrides, options
+    arch, num_patches, patch_dim, prefix, options = _vit_shape(
+        variant, image_size, num_channels, options
     )
     d = arch["hidden_dim"]
     tokens = prefix + options.get("num_register_tokens", 0) + num_patches

@@ -30,8 +30,9 @@ def cmd_train(args) -> int:
     if options[:1] in (["-h"], ["--help"]):
         print(TRAIN_HELP.format(recipes=", ".join(recipes.recipe_names())))
         return 0
-    if options[:1] == ["--keys"]:
-        print("\n".join(train_config.config_keys()))
+    keys = recipes.keys_request(options)
+    if keys is not None:
+        print("\n".join(keys))
         return 0
     recipe = "digits"
     if options and not options[0].startswith("--"):
@@ -60,7 +61,8 @@ that use them.
 recipes: {recipes} (default: digits)
 
   --smoke          a two-step run of the recipe
-  --keys           list every config key that can be overridden
+  --keys           list every config key that can be overridden, with its type
+                   and its value in the recipe (other overrides applied)
   --key value      override one key, e.g. --optim.learning_rate 1e-3
   --set key=value  the same, e.g. --set batch_size=128
 """

@@ -41,6 +41,7 @@ from keras_vit.deploy.serving import (
     predict,
 )
 from keras_vit.deploy.signatures import Graphs, write_saved_model, write_warmup_requests
+from keras_vit.deploy.versions import claim_version, is_latest, remove_stale_partials
 from keras_vit.files import write_atomic
 from keras_vit.models import quantization
 from keras_vit.models.image_bytes import DEFAULT_MAX_PIXELS
@@ -55,8 +56,6 @@ from keras_vit.version import __version__
 __all__ = ["export_model", "predict", "write_saved_model", "write_warmup_requests"]
 
 VERIFY_BATCH = 64
-# `.<version>.reserved/`: a version number claimed by an export in progress.
-RESERVED_SUFFIX = ".reserved"
 
 
 def _architecture(model: keras.Model, variant: str | None) -> dict:
@@ -112,75 +111,6 @@ def _pixel_batch(images, preprocessing: dict, what: str) -> np.ndarray:
     return array
 
 
-def _remove_stale_partials(model_dir: Path) -> None:
-    """Deletes half-written versions left by an export that died (its process
-    is gone); a live export's folder is left alone."""
-    for reservation in model_dir.glob(f".*{RESERVED_SUFFIX}"):
-        try:
-            os.kill(int((reservation / "pid").read_text()), 0)
-        except ProcessLookupError:
-            shutil.rmtree(reservation, ignore_errors=True)
-        except (OSError, ValueError):
-            continue
-    for partial in model_dir.glob(".*.partial-*"):
-        try:
-            pid = int(partial.name.rsplit("-", 2)[-2])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(partial, ignore_errors=True)
-        except (ValueError, PermissionError):
-            continue
-
-
-def _taken_versions(model_dir: Path) -> list[int]:
-    """Finished versions and versions another export has reserved."""
-    taken = []
-    for path in model_dir.iterdir():
-        name = path.name.removeprefix(".").removesuffix(RESERVED_SUFFIX)
-        if name.isdigit() and (
-            path.name.isdigit() or path.name.endswith(RESERVED_SUFFIX)
-        ):
-            taken.append(int(name))
-    return taken
-
-
-def _next_version(model_dir: Path) -> int:
-    return max(_taken_versions(model_dir), default=0) + 1
-
-
-def _claim_version(model_dir: Path, name: str, version: int | None):
-    """Reserves a version with `os.mkdir` (atomic: of two exports of one
-    name, one gets each number) before the slow work; returns `(version,
-    reservation folder)`. An explicit version that exists or is reserved is
-    a ValueError."""
-    for _ in range(100):
-        candidate = _next_version(model_dir) if version is None else version
-        reservation = model_dir / f".{candidate}{RESERVED_SUFFIX}"
-        final = model_dir / str(candidate)
-        try:
-            if final.exists():
-                raise FileExistsError
-            os.mkdir(reservation)
-        except FileExistsError:
-            if version is None:
-                continue  # another export took it a moment ago: take the next
-            raise ValueError(
-                f"Version {version} of {name!r} already exists or is being "
-                f"exported by another process ({final}); versions are never "
-                "overwritten, pass a new version (or none for the next)."
-            ) from None
-        (reservation / "pid").write_text(str(os.getpid()))
-        if final.exists():  # finished between the check and the mkdir
-            shutil.rmtree(reservation, ignore_errors=True)
-            continue
-        return candidate, reservation
-    raise ValueError(f"could not reserve a version of {name!r} in {model_dir}.")
-
-
-def _is_latest(model_dir: Path, version: int) -> bool:
-    return version >= max(_taken_versions(model_dir), default=0)
-
-
 def _parity(reference: dict, outputs: dict) -> dict:
     result = {}
     for key in ("logits", "probabilities"):
@@ -192,16 +122,6 @@ def _parity(reference: dict, outputs: dict) -> dict:
         np.mean(top1 == np.argmax(reference["probabilities"], -1))
     )
     return result
-
-
-def _reference(model, pixels, preprocessing, softmax_inside) -> dict:
-    """The Keras model's outputs on raw `pixels`, named as the signature's."""
-    out = model.predict(
-        normalize_pixels(pixels, preprocessing), batch_size=VERIFY_BATCH, verbose=0
-    )
-    if softmax_inside:
-        return {"probabilities": out}
-    return {"logits": out, "probabilities": np.asarray(tf.nn.softmax(out))}
 
 
 def _in_batches(fn, pixels: np.ndarray) -> dict[str, np.ndarray]:
@@ -279,9 +199,9 @@ def export_model(
     root = Path(root)
     model_dir = root / name
     model_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(model_dir)
+    remove_stale_partials(model_dir)
     reference = _reference(model, graphs, verify, preprocessing)
-    version, reservation = _claim_version(model_dir, name, version)
+    version, reservation = claim_version(model_dir, name, version)
     try:
         final = model_dir / str(version)
         metadata = _metadata(
@@ -296,7 +216,7 @@ def export_model(
         )
     finally:
         shutil.rmtree(reservation, ignore_errors=True)
-    if not _is_latest(model_dir, version):
+    if not is_latest(model_dir, version):
         return metadata  # a later version finished first; its files stay
     for file, content in tflite_files.items():
         write_atomic(root / file, lambda p, c=content: p.write_bytes(c))

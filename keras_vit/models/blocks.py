@@ -32,23 +32,30 @@ def _check_query_tokens(num_query_tokens, num_tokens):
     return int(num_query_tokens)
 
 
-def _attention_output_spec(
-    layer, x, return_attention_scores: bool, num_query_tokens: int | None
-):
-    """Symbolic outputs of a layer that may also return attention scores."""
-    tokens = x.shape[1]
-    queries = _check_query_tokens(num_query_tokens, tokens)
-    out = keras.KerasTensor(
-        (x.shape[0], queries, x.shape[2]), dtype=layer.compute_dtype
-    )
-    if not return_attention_scores:
-        return out
-    scores_shape = (x.shape[0], layer.num_heads, queries, tokens)
-    return out, keras.KerasTensor(scores_shape, dtype="float32")
+class _TokenAttentionLayer(keras.layers.Layer):
+    """Output shapes of a layer on `(batch, num_tokens, hidden_dim)` that may
+    keep only the first `num_query_tokens` tokens and may also return its
+    attention scores `(batch, num_heads, queries, num_tokens)`."""
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def compute_output_spec(
+        self, x, training=None, return_attention_scores=False, num_query_tokens=None
+    ):
+        tokens = x.shape[1]
+        queries = _check_query_tokens(num_query_tokens, tokens)
+        out = keras.KerasTensor(
+            (x.shape[0], queries, x.shape[2]), dtype=self.compute_dtype
+        )
+        if not return_attention_scores:
+            return out
+        scores_shape = (x.shape[0], self.num_heads, queries, tokens)
+        return out, keras.KerasTensor(scores_shape, dtype="float32")
 
 
 @register
-class MultiHeadSelfAttention(keras.layers.Layer):
+class MultiHeadSelfAttention(_TokenAttentionLayer):
     """Self-attention with one fused QKV projection.
 
     Logits and softmax are computed in float32 whatever the compute dtype, so
@@ -169,16 +176,6 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             return out, ops.reshape(probs, (-1, heads, queries, num_tokens))
         return out
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def compute_output_spec(
-        self, x, training=None, return_attention_scores=False, num_query_tokens=None
-    ):
-        return _attention_output_spec(
-            self, x, return_attention_scores, num_query_tokens
-        )
-
     def get_config(self):
         config = {
             **super().get_config(),
@@ -192,7 +189,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
 
 @register
-class TransformerBlock(keras.layers.Layer):
+class TransformerBlock(_TokenAttentionLayer):
     """Pre-norm encoder block: `x + MHSA(LN(x))`, then `x + MLP(LN(x))`.
 
     Args:
@@ -306,16 +303,6 @@ class TransformerBlock(keras.layers.Layer):
         if return_attention_scores:
             return x, scores
         return x
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def compute_output_spec(
-        self, x, training=None, return_attention_scores=False, num_query_tokens=None
-    ):
-        return _attention_output_spec(
-            self, x, return_attention_scores, num_query_tokens
-        )
 
     def get_config(self):
         config = {

@@ -16,7 +16,13 @@ import keras
 from keras import ops
 
 from keras_vit.models.layers import Patches
-from keras_vit.models.vit import build_transformer, image_hw, parse_variant
+from keras_vit.models.vit import (
+    build_transformer,
+    image_hw,
+    image_input,
+    parse_variant,
+    split_architecture,
+)
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -217,6 +223,49 @@ def application_stem(images, name: str, output_stride: int, weights: str | None 
     return cut.output
 
 
+def _resnet_blocks(stem) -> tuple[tuple[int, ...] | None, str]:
+    """`(blocks per stage or None for a keras.applications stem, the label
+    the default model name uses)` for the `stem` argument."""
+    if isinstance(stem, str) and stem in RESNET_STEMS:
+        return RESNET_STEMS[stem], stem.lower()
+    if isinstance(stem, (tuple, list)):
+        blocks = tuple(stem)
+        if not blocks or any(
+            isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in blocks
+        ):
+            raise ValueError(
+                f"A ResNet-v2 stem needs positive block counts per stage, got {stem!r}."
+            )
+        return blocks, "r" + "".join(str(b) for b in blocks)
+    if isinstance(stem, str):
+        return None, stem.lower()
+    raise ValueError(
+        f"`stem` must be 'R50', 'R26', a tuple of block counts or a "
+        f"keras.applications name, got {stem!r}."
+    )
+
+
+def _stem_stride(blocks, output_stride, stem_weights) -> int:
+    """The stem's output stride, which is the transformer's patch size."""
+    if blocks is None:
+        stride = 16 if output_stride is None else output_stride
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+            raise ValueError(f"`output_stride` must be a positive int, got {stride!r}.")
+        return stride
+    stride = 4 * 2 ** (len(blocks) - 1)
+    if output_stride is not None and output_stride != stride:
+        raise ValueError(
+            f"A ResNet-v2 stem with {len(blocks)} stages has output stride "
+            f"{stride}, not output_stride={output_stride}; change the stages."
+        )
+    if stem_weights is not None:
+        raise ValueError(
+            f"stem_weights={stem_weights!r} only applies to keras.applications "
+            "stems; load ResNet-v2 hybrid weights with keras_vit.models.resolution."
+        )
+    return stride
+
+
 def HybridViT(
     variant: str = "B",
     image_size: int | tuple[int, int] = 224,
@@ -228,10 +277,6 @@ def HybridViT(
     output_stride: int | None = None,
     stem_weights: str | None = None,
     num_channels: int = 3,
-    hidden_dim: int | None = None,
-    num_layers: int | None = None,
-    num_heads: int | None = None,
-    mlp_dim: int | None = None,
     name: str | None = None,
     **options,
 ) -> keras.Model:
@@ -256,82 +301,43 @@ def HybridViT(
             from a converted checkpoint (`keras_vit.models.resolution`).
         num_channels: int, image channels (3 for a pretrained applications
             stem).
-        hidden_dim, num_layers, num_heads, mlp_dim: override the variant.
         name: model name; defaults to e.g. `"vit_b_r50"`.
-        **options: as for `ViT` (`include_top`, `pooling`, `distilled`,
-            `drop_path_rate`, ...), passed to `vit.build_transformer`.
+        **options: as for `ViT`: `hidden_dim`, `num_layers`, `num_heads`,
+            `mlp_dim` override the variant (the patch size is the stem's
+            output stride); `include_top`, `pooling`, `distilled`,
+            `drop_path_rate`, ... go to `vit.build_transformer`.
 
     Returns:
         A `keras.Model` from images `(batch, height, width, num_channels)` to
         float32 logits `(batch, num_classes)` (or features without top).
     """
+    overrides, options = split_architecture(options)
+    if "patch_size" in overrides:
+        raise ValueError(
+            f"HybridViT takes no patch_size (got {overrides['patch_size']!r}): "
+            "its patches are the stem's 1x1 features; choose output_stride."
+        )
     size, _, patch = (
         variant.partition("/") if isinstance(variant, str) else ("", "", "")
     )
-    arch = parse_variant(
-        size or variant,
-        patch_size=1,
-        hidden_dim=hidden_dim,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        mlp_dim=mlp_dim,
-    )
+    arch = parse_variant(size or variant, patch_size=1, **overrides)
     arch.pop("patch_size")
-
-    if isinstance(stem, str) and stem in RESNET_STEMS:
-        blocks, stem_label = RESNET_STEMS[stem], stem.lower()
-    elif isinstance(stem, (tuple, list)):
-        blocks, stem_label = tuple(stem), "r" + "".join(str(b) for b in stem)
-        if not blocks or any(
-            isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in blocks
-        ):
-            raise ValueError(
-                f"A ResNet-v2 stem needs positive block counts per stage, got {stem!r}."
-            )
-    elif isinstance(stem, str):
-        blocks, stem_label = None, stem.lower()
-    else:
-        raise ValueError(
-            f"`stem` must be 'R50', 'R26', a tuple of block counts or a "
-            f"keras.applications name, got {stem!r}."
-        )
-
-    if blocks is not None:
-        stride = 4 * 2 ** (len(blocks) - 1)
-        if output_stride is not None and output_stride != stride:
-            raise ValueError(
-                f"A ResNet-v2 stem with {len(blocks)} stages has output stride "
-                f"{stride}, not output_stride={output_stride}; change the stages."
-            )
-        if stem_weights is not None:
-            raise ValueError(
-                f"stem_weights={stem_weights!r} only applies to keras.applications "
-                "stems; load ResNet-v2 hybrid weights with keras_vit.models.resolution."
-            )
-    else:
-        stride = 16 if output_stride is None else output_stride
-        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-            raise ValueError(f"`output_stride` must be a positive int, got {stride!r}.")
+    blocks, stem_label = _resnet_blocks(stem)
+    stride = _stem_stride(blocks, output_stride, stem_weights)
     if patch and patch != str(stride):
         raise ValueError(
             f"variant {variant!r} asks for stride {patch}, but stem {stem!r} has "
             f"output stride {stride}."
         )
-
     height, width = image_hw(image_size)
     if height % stride or width % stride:
         raise ValueError(
             f"image_size {height}x{width} is not divisible by the stem's output "
             f"stride {stride}."
         )
-    if not isinstance(num_channels, int) or num_channels < 1:
-        raise ValueError(
-            f"`num_channels` must be a positive int, got {num_channels!r}."
-        )
     if name is None:
         name = f"vit_{(size or variant).lower()}_{stem_label}"
-
-    inputs = keras.Input((height, width, num_channels), name="images")
+    inputs = image_input(height, width, num_channels)
     if blocks is not None:
         features = resnet_v2_stem(inputs, blocks, stem_width, norm_groups)
     else:

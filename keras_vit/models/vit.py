@@ -89,6 +89,42 @@ def image_hw(image_size: int | tuple[int, int]) -> tuple[int, int]:
     return height, width
 
 
+def split_architecture(options: dict) -> tuple[dict, dict]:
+    """`options` split into the architecture overrides (the keys in
+    `ARCHITECTURE_KEYS`) and everything else."""
+    overrides = {k: v for k, v in options.items() if k in ARCHITECTURE_KEYS}
+    rest = {k: v for k, v in options.items() if k not in ARCHITECTURE_KEYS}
+    return overrides, rest
+
+
+def resolve_architecture(variant: str, image_size, options: dict):
+    """`(arch, (height, width), other options)` for `ViT`'s arguments: the
+    variant with the architecture keys of `options` applied, and the image
+    size, checked against its patch size."""
+    overrides, rest = split_architecture(options)
+    arch = parse_variant(variant, **overrides)
+    height, width = image_hw(image_size)
+    p = arch["patch_size"]
+    if height % p or width % p:
+        raise ValueError(
+            f"image_size {height}x{width} is not divisible by patch_size {p}."
+        )
+    return arch, (height, width), rest
+
+
+def image_input(height: int, width: int, num_channels: int):
+    """The builders' `keras.Input` named `images`."""
+    if (
+        isinstance(num_channels, bool)
+        or not isinstance(num_channels, int)
+        or num_channels < 1
+    ):
+        raise ValueError(
+            f"`num_channels` must be a positive int, got {num_channels!r}."
+        )
+    return keras.Input((height, width, num_channels), name="images")
+
+
 def build_transformer(
     inputs,
     patches,
@@ -127,7 +163,6 @@ def build_transformer(
     )
     if not 0.0 <= drop_path_rate < 1.0:
         raise ValueError(f"`drop_path_rate` must be in [0, 1), got {drop_path_rate!r}.")
-
     encoder = PatchEncoder(
         hidden_dim,
         class_token=class_token,
@@ -140,34 +175,23 @@ def build_transformer(
         num_register_tokens=num_register_tokens,
         name="patch_encoder",
     )
-    x = encoder(patches)
-    prefix = encoder.num_prefix_tokens
-    for i in range(num_layers):
-        # A class-token head reads only the prefix tokens of the last block,
-        # so only they attend and go through its MLP: 6-7% of the encoder's
-        # FLOPs saved, outputs unchanged.
-        last_queries = prefix if pooling == "token" and i == num_layers - 1 else None
-        x = TransformerBlock(
-            num_heads,
-            mlp_dim,
-            dropout_rate=dropout_rate,
-            attention_dropout_rate=attention_dropout_rate,
-            # Linear stochastic-depth schedule: 0 for the first block.
-            drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),
-            qkv_bias=qkv_bias,
-            layer_scale_init=layer_scale_init,
-            layer_norm_epsilon=layer_norm_epsilon,
-            name=f"block_{i}",
-        )(x, num_query_tokens=last_queries)
-
-    encoder_norm = keras.layers.LayerNormalization(
-        epsilon=layer_norm_epsilon, name="encoder_norm"
+    x, prefix = encoder(patches), encoder.num_prefix_tokens
+    x = _encoder_blocks(
+        x,
+        num_layers,
+        drop_path_rate,
+        last_queries=prefix if pooling == "token" else None,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+        dropout_rate=dropout_rate,
+        attention_dropout_rate=attention_dropout_rate,
+        qkv_bias=qkv_bias,
+        layer_scale_init=layer_scale_init,
+        layer_norm_epsilon=layer_norm_epsilon,
     )
-    if not pool_norm:
-        x = encoder_norm(x)
-    if pooling is None:
-        return keras.Model(inputs, x, name=name)
-    head_options = dict(
+    x = _norm_pool_and_head(
+        x,
+        prefix,
         num_heads=num_heads,
         mlp_dim=mlp_dim,
         num_classes=num_classes,
@@ -180,8 +204,24 @@ def build_transformer(
         layer_norm_epsilon=layer_norm_epsilon,
         classifier_activation=classifier_activation,
     )
-    outputs = _pool_and_head(x, prefix, encoder_norm, **head_options)
-    return keras.Model(inputs, outputs, name=name)
+    return keras.Model(inputs, x, name=name)
+
+
+def _encoder_blocks(x, num_layers, drop_path_rate, last_queries, **block_options):
+    """`num_layers` `TransformerBlock`s named `block_{i}` on the tokens `x`.
+
+    With `last_queries`, only that many leading tokens attend and go through
+    the MLP in the last block: all a class-token head reads, 6-7% of the
+    encoder's FLOPs saved, outputs unchanged.
+    """
+    for i in range(num_layers):
+        x = TransformerBlock(
+            # Linear stochastic-depth schedule: 0 for the first block.
+            drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),
+            name=f"block_{i}",
+            **block_options,
+        )(x, num_query_tokens=last_queries if i == num_layers - 1 else None)
+    return x
 
 
 def _check_pooling(
@@ -210,10 +250,9 @@ def _check_pooling(
     return class_token
 
 
-def _pool_and_head(
+def _norm_pool_and_head(
     x,
     prefix,
-    encoder_norm,
     *,
     num_heads,
     mlp_dim,
@@ -227,8 +266,16 @@ def _pool_and_head(
     layer_norm_epsilon,
     classifier_activation,
 ):
-    """Pooling, optional pre-logits and the float32 head on the encoded
-    tokens `x`; the pooled features when `include_top=False`."""
+    """The final LayerNorm (after pooling with `pool_norm`), pooling, optional
+    pre-logits and the float32 head on the encoded tokens `x`; the pooled
+    features when `include_top=False`, the normed tokens with no pooling."""
+    encoder_norm = keras.layers.LayerNormalization(
+        epsilon=layer_norm_epsilon, name="encoder_norm"
+    )
+    if not pool_norm:
+        x = encoder_norm(x)
+    if pooling is None:
+        return x
     if pooling == "map":
         # Over every token, prefix tokens included, as big_vision and timm do.
         pool = MAPHead(
@@ -277,11 +324,6 @@ def ViT(
     num_classes: int = 1000,
     *,
     num_channels: int = 3,
-    patch_size: int | None = None,
-    hidden_dim: int | None = None,
-    num_layers: int | None = None,
-    num_heads: int | None = None,
-    mlp_dim: int | None = None,
     name: str | None = None,
     **options,
 ) -> keras.Model:
@@ -293,11 +335,11 @@ def ViT(
         image_size: int or `(height, width)`; both divisible by the patch size.
         num_classes: int, size of the classification head.
         num_channels: int, image channels.
-        patch_size, hidden_dim, num_layers, num_heads, mlp_dim: override the
-            variant's table entry.
         name: model name; defaults to e.g. `"vit_b16"`.
-        **options: passed to `build_transformer`: `include_top`, `pooling`
-            (`"token"`, `"gap"`, `"map"` (a learned probe attends over the
+        **options: the `ARCHITECTURE_KEYS` (`patch_size`, `hidden_dim`,
+            `num_layers`, `num_heads`, `mlp_dim`) override the variant's
+            table entry; the others go to `build_transformer`: `include_top`,
+            `pooling` (`"token"`, `"gap"`, `"map"` (a learned probe attends over the
             tokens, `MAPHead`), or None for the token sequence without top),
             `num_register_tokens` (registers after the class token, no
             position embedding, skipped by pooling),
@@ -313,27 +355,11 @@ def ViT(
         A `keras.Model` from images `(batch, height, width, num_channels)` to
         float32 logits `(batch, num_classes)`, or to features without top.
     """
-    arch = parse_variant(
-        variant,
-        patch_size=patch_size,
-        hidden_dim=hidden_dim,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        mlp_dim=mlp_dim,
-    )
-    height, width = image_hw(image_size)
+    arch, (height, width), options = resolve_architecture(variant, image_size, options)
     p = arch.pop("patch_size")
-    if height % p or width % p:
-        raise ValueError(
-            f"image_size {height}x{width} is not divisible by patch_size {p}."
-        )
-    if not isinstance(num_channels, int) or num_channels < 1:
-        raise ValueError(
-            f"`num_channels` must be a positive int, got {num_channels!r}."
-        )
     if name is None:
         name = f"vit_{variant.split('/')[0].lower()}{p}"
-    inputs = keras.Input((height, width, num_channels), name="images")
+    inputs = image_input(height, width, num_channels)
     patches = Patches(p, name="patches")(inputs)
     return build_transformer(
         inputs,

@@ -10,10 +10,11 @@ from keras_vit.errors import CheckpointError
 from keras_vit.models.vit import ViT, image_hw
 from keras_vit.pretrained.layouts import (
     Plan,
+    add_layer_norm,
+    add_torch_linear,
     count_indexed,
     infer_grid,
     infer_heads,
-    linear_kernel,
     model_name,
     patch_kernel,
     position_rule,
@@ -71,57 +72,57 @@ def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)),
     )
     plan = Plan(ViT, kwargs, grid, int(p), num_classes)
+    embeddings = root + "embeddings."
     plan.add(
         "patch_encoder/projection/kernel",
-        root + "embeddings.patch_embeddings.projection.weight",
+        embeddings + "patch_embeddings.projection.weight",
         patch_kernel,
     )
     plan.add(
         "patch_encoder/projection/bias",
-        root + "embeddings.patch_embeddings.projection.bias",
+        embeddings + "patch_embeddings.projection.bias",
     )
     if class_token:
-        plan.add("patch_encoder/cls_token", root + "embeddings.cls_token")
+        plan.add("patch_encoder/cls_token", embeddings + "cls_token")
     if distilled:
-        plan.add("patch_encoder/dist_token", root + "embeddings.distillation_token")
+        plan.add("patch_encoder/dist_token", embeddings + "distillation_token")
     plan.add(
         "patch_encoder/pos_embedding",
-        root + "embeddings.position_embeddings",
+        embeddings + "position_embeddings",
         position_rule(covered, prefix),
     )
     for i in range(num_layers):
-        src, dst = f"{enc}{i}.", f"block_{i}/"
-        qkv = [f"{src}attention.attention.{n}" for n in ("query", "key", "value")]
-        plan.add(
-            f"{dst}attention/qkv/kernel",
-            [n + ".weight" for n in qkv],
-            lambda *w: np.concatenate([x.T for x in w], axis=1),
-        )
-        if kwargs["qkv_bias"]:
-            plan.add(
-                f"{dst}attention/qkv/bias",
-                [n + ".bias" for n in qkv],
-                lambda *b: np.concatenate(b),
-            )
-        for a, b in (
-            ("attention.output.dense", "attention/proj"),
-            ("intermediate.dense", "mlp/fc1"),
-            ("output.dense", "mlp/fc2"),
-        ):
-            plan.add(f"{dst}{b}/kernel", f"{src}{a}.weight", linear_kernel)
-            plan.add(f"{dst}{b}/bias", f"{src}{a}.bias")
-        for a, b in (("layernorm_before", "norm1"), ("layernorm_after", "norm2")):
-            plan.add(f"{dst}{b}/gamma", f"{src}{a}.weight")
-            plan.add(f"{dst}{b}/beta", f"{src}{a}.bias")
-    plan.add("encoder_norm/gamma", root + "layernorm.weight")
-    plan.add("encoder_norm/beta", root + "layernorm.bias")
+        _add_block(plan, f"{enc}{i}.", f"block_{i}/", kwargs["qkv_bias"])
+    add_layer_norm(plan, "encoder_norm", root + "layernorm")
     if pooler:
-        plan.add("pre_logits/kernel", root + "pooler.dense.weight", linear_kernel)
-        plan.add("pre_logits/bias", root + "pooler.dense.bias")
+        add_torch_linear(plan, "pre_logits", root + "pooler.dense")
     if num_classes:
-        plan.add("head/kernel", f"{head}.weight", linear_kernel)
-        plan.add("head/bias", f"{head}.bias")
+        add_torch_linear(plan, "head", head)
     if num_classes and distilled and "distillation_classifier.weight" in tensors:
-        plan.add("head_dist/kernel", "distillation_classifier.weight", linear_kernel)
-        plan.add("head_dist/bias", "distillation_classifier.bias")
+        add_torch_linear(plan, "head_dist", "distillation_classifier")
     return plan
+
+
+def _add_block(plan: Plan, src: str, dst: str, qkv_bias: bool) -> None:
+    """One `ViTLayer`: separate query, key and value projections become
+    keras_vit's fused `qkv` Dense."""
+    qkv = [f"{src}attention.attention.{n}" for n in ("query", "key", "value")]
+    plan.add(
+        f"{dst}attention/qkv/kernel",
+        [n + ".weight" for n in qkv],
+        lambda *w: np.concatenate([x.T for x in w], axis=1),
+    )
+    if qkv_bias:
+        plan.add(
+            f"{dst}attention/qkv/bias",
+            [n + ".bias" for n in qkv],
+            lambda *b: np.concatenate(b),
+        )
+    for a, b in (
+        ("attention.output.dense", "attention/proj"),
+        ("intermediate.dense", "mlp/fc1"),
+        ("output.dense", "mlp/fc2"),
+    ):
+        add_torch_linear(plan, dst + b, src + a)
+    add_layer_norm(plan, dst + "norm1", src + "layernorm_before")
+    add_layer_norm(plan, dst + "norm2", src + "layernorm_after")

@@ -48,6 +48,28 @@ def patch_kernel(w):  # torch (out, in, p, p) -> Patches + Dense (p * p * in, ou
     return w.transpose(2, 3, 1, 0).reshape(-1, w.shape[0])
 
 
+# Suffixes of a normalisation's scale and offset: torch's and Flax's.
+TORCH_NORM = (".weight", ".bias")
+FLAX_NORM = ("/scale", "/bias")
+
+
+def add_layer_norm(
+    plan: Plan, target: str, source: str, suffixes=TORCH_NORM, fn=None
+) -> None:
+    """A normalisation layer's scale and offset (`gamma`, `beta`, the names
+    keras' LayerNormalization and GroupNormalization share) from `source`
+    plus each suffix: torch's `.weight` / `.bias`, Flax's `/scale` / `/bias`."""
+    plan.add(f"{target}/gamma", source + suffixes[0], fn)
+    plan.add(f"{target}/beta", source + suffixes[1], fn)
+
+
+def add_torch_linear(plan: Plan, target: str, source: str, bias: bool = True) -> None:
+    """A torch `Linear` (`source.weight`, `source.bias`) as a keras `Dense`."""
+    plan.add(f"{target}/kernel", f"{source}.weight", linear_kernel)
+    if bias:
+        plan.add(f"{target}/bias", f"{source}.bias")
+
+
 def count_indexed(tensors, pattern: str) -> int:
     regex = re.compile(pattern)
     found = {int(m.group(1)) for k in tensors if (m := regex.match(k))}

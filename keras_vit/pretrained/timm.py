@@ -9,6 +9,8 @@ from keras_vit.models.hybrid import HybridViT
 from keras_vit.models.vit import ViT, image_hw
 from keras_vit.pretrained.layouts import (
     Plan,
+    add_layer_norm,
+    add_torch_linear,
     conv_kernel,
     count_indexed,
     infer_grid,
@@ -29,18 +31,7 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
             f"timm act_layer={args['act_layer']!r} is not supported; keras_vit's "
             "MLP uses exact GELU."
         )
-    hybrid = "patch_embed.backbone.stem.conv.weight" in tensors
-    proj = tensors.get("patch_embed.proj.weight")
-    if proj is None:
-        raise CheckpointError("timm checkpoint without patch_embed.proj.weight.")
-    hidden, channels, p, q = proj.shape
-    if p != q:
-        raise CheckpointError(f"Non-square patches {p}x{q} are not supported.")
-    if hybrid and p != 1:
-        raise CheckpointError(
-            f"This timm hybrid projects {p}x{p} patches of its CNN features; "
-            "keras_vit's HybridViT uses 1x1 patches (the R26/R50 hybrids)."
-        )
+    builder, kwargs, stride = _patch_embedding(tensors)
     num_layers = count_indexed(tensors, r"blocks\.(\d+)\.norm1\.weight$")
     if not num_layers:
         raise CheckpointError("timm checkpoint without blocks.N.* tensors.")
@@ -48,63 +39,19 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     distilled = "dist_token" in tensors
     embedded = int(class_token) + int(distilled)
     registers = tensors["reg_token"].shape[1] if "reg_token" in tensors else 0
-    prefix = embedded + registers
     fc_norm = "fc_norm.weight" in tensors
-    pool = config.get("global_pool", args.get("global_pool"))
-    if pool is None and "attn_pool.latent" in tensors:
-        pool = "map"
-    if pool is None:
-        pool = "avg" if (fc_norm or not class_token) else "token"
-    if pool not in ("token", "avg", "map", ""):
-        raise CheckpointError(
-            f"timm global_pool={pool!r} is not supported; valid: 'token', 'avg', 'map'."
-        )
+    pool = _global_pool(tensors, config, args, class_token, fc_norm)
     num_classes = tensors["head.weight"].shape[0] if "head.weight" in tensors else 0
-
-    stride, builder, kwargs = p, ViT, {}
-    if hybrid:
-        stem = tensors["patch_embed.backbone.stem.conv.weight"]
-        stages = count_indexed(tensors, r"patch_embed\.backbone\.stages\.(\d+)\.")
-        if not stages:
-            raise CheckpointError(
-                "Stem-only timm hybrids (no ResNet stages) are not supported."
-            )
-        blocks = tuple(
-            count_indexed(
-                tensors, rf"patch_embed\.backbone\.stages\.{s}\.blocks\.(\d+)\."
-            )
-            for s in range(stages)
-        )
-        stride = 4 * 2 ** (stages - 1)
-        channels = stem.shape[1]
-        builder = HybridViT
-        kwargs = dict(stem=blocks, stem_width=int(stem.shape[0]))
-    else:
-        kwargs = dict(patch_size=int(p))
-
-    size = args.get("img_size")
-    if size is None:
-        input_size = (config.get("pretrained_cfg") or {}).get("input_size")
-        size = input_size[1:] if input_size else None
-    size = image_hw(tuple(size) if isinstance(size, list) else size) if size else None
-    tokens = tensors["pos_embed"].shape[1] if "pos_embed" in tensors else None
-    if tokens is None:
-        raise CheckpointError("timm checkpoint without pos_embed is not supported.")
-    grid, covered = infer_grid(tokens, prefix, size, stride, hints.get("image_size"))
-    if not covered and args.get("no_embed_class") is False:
-        raise CheckpointError("pos_embed size contradicts no_embed_class=False.")
-
+    grid, covered = _grid(tensors, config, args, hints, embedded + registers, stride)
+    hidden = kwargs.pop("hidden_dim")
     kwargs.update(
         variant="Ti",
         name=model_name(config.get("architecture"), "timm_vit"),
         num_classes=max(num_classes, 1),
         include_top=num_classes > 0 and pool != "",
-        num_channels=int(channels),
-        hidden_dim=int(hidden),
+        hidden_dim=hidden,
         num_layers=num_layers,
-        num_heads=infer_heads(
-            int(hidden), args.get("num_heads"), hints.get("num_heads")
-        ),
+        num_heads=infer_heads(hidden, args.get("num_heads"), hints.get("num_heads")),
         mlp_dim=int(tensors["blocks.0.mlp.fc1.weight"].shape[0]),
         pooling={"token": "token", "avg": "gap", "map": "map"}.get(pool),
         num_register_tokens=int(registers),
@@ -119,7 +66,6 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         # Unpooled tokens (timm's global_pool=""): the encoder's output.
         kwargs.update(pooling=None, include_top=False, pool_norm=False)
     plan = Plan(builder, kwargs, grid, stride, num_classes)
-
     plan.add("patch_encoder/projection/kernel", "patch_embed.proj.weight", patch_kernel)
     plan.add("patch_encoder/projection/bias", "patch_embed.proj.bias")
     if class_token:
@@ -128,56 +74,116 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         plan.add("patch_encoder/dist_token", "dist_token")
     _add_positions(plan, covered, embedded, registers)
     for i in range(num_layers):
-        src, dst = f"blocks.{i}.", f"block_{i}/"
-        for a, b in (("norm1", "norm1"), ("norm2", "norm2")):
-            plan.add(f"{dst}{b}/gamma", f"{src}{a}.weight")
-            plan.add(f"{dst}{b}/beta", f"{src}{a}.bias")
-        for a, b in (
-            ("attn.qkv", "attention/qkv"),
-            ("attn.proj", "attention/proj"),
-            ("mlp.fc1", "mlp/fc1"),
-            ("mlp.fc2", "mlp/fc2"),
-        ):
-            plan.add(f"{dst}{b}/kernel", f"{src}{a}.weight", linear_kernel)
-            if f"{src}{a}.bias" in tensors or a != "attn.qkv":
-                plan.add(f"{dst}{b}/bias", f"{src}{a}.bias")
-        if kwargs["layer_scale_init"] is not None:
-            plan.add(f"{dst}layer_scale1/gamma", f"{src}ls1.gamma")
-            plan.add(f"{dst}layer_scale2/gamma", f"{src}ls2.gamma")
+        _add_block(plan, tensors, i, kwargs["layer_scale_init"] is not None)
     if pool == "map":
         _add_map_head(plan, tensors, kwargs["mlp_dim"])
-    norm = "fc_norm" if fc_norm else "norm"
-    plan.add("encoder_norm/gamma", f"{norm}.weight")
-    plan.add("encoder_norm/beta", f"{norm}.bias")
+    add_layer_norm(plan, "encoder_norm", "fc_norm" if fc_norm else "norm")
     for head in ("head", "head_dist"):
         if f"{head}.weight" in tensors:
-            plan.add(f"{head}/kernel", f"{head}.weight", linear_kernel)
-            plan.add(f"{head}/bias", f"{head}.bias")
-
-    if hybrid:
-        root = "patch_embed.backbone."
-        plan.add("stem_conv/kernel", root + "stem.conv.weight", conv_kernel)
-        plan.add("stem_norm/gamma", root + "stem.norm.weight")
-        plan.add("stem_norm/beta", root + "stem.norm.bias")
-        for s, depth in enumerate(kwargs["stem"]):
-            for b in range(depth):
-                src, dst = f"{root}stages.{s}.blocks.{b}.", f"stage{s}_block{b}_"
-                parts = [(f"conv{r}", f"norm{r}") for r in (1, 2, 3)]
-                if b == 0 and f"{src}downsample.conv.weight" in tensors:
-                    parts.append(("downsample.conv", "downsample.norm"))
-                for conv, norm_ in parts:
-                    plan.add(
-                        dst + conv.replace(".", "_") + "/kernel",
-                        f"{src}{conv}.weight",
-                        conv_kernel,
-                    )
-                    plan.add(
-                        dst + norm_.replace(".", "_") + "/gamma", f"{src}{norm_}.weight"
-                    )
-                    plan.add(
-                        dst + norm_.replace(".", "_") + "/beta", f"{src}{norm_}.bias"
-                    )
+            add_torch_linear(plan, head, head)
+    if builder is HybridViT:
+        _add_resnet_stem(plan, tensors, kwargs["stem"])
     return plan
+
+
+def _patch_embedding(tensors: dict) -> tuple:
+    """`(builder, its patch-embedding arguments, stride)`: a plain ViT's
+    patch size, or a hybrid's ResNet stages; `hidden_dim` rides along."""
+    proj = tensors.get("patch_embed.proj.weight")
+    if proj is None:
+        raise CheckpointError("timm checkpoint without patch_embed.proj.weight.")
+    hidden, channels, p, q = proj.shape
+    if p != q:
+        raise CheckpointError(f"Non-square patches {p}x{q} are not supported.")
+    stem = tensors.get("patch_embed.backbone.stem.conv.weight")
+    if stem is None:
+        kwargs = dict(patch_size=int(p), num_channels=int(channels))
+        return ViT, {**kwargs, "hidden_dim": int(hidden)}, p
+    if p != 1:
+        raise CheckpointError(
+            f"This timm hybrid projects {p}x{p} patches of its CNN features; "
+            "keras_vit's HybridViT uses 1x1 patches (the R26/R50 hybrids)."
+        )
+    stages = count_indexed(tensors, r"patch_embed\.backbone\.stages\.(\d+)\.")
+    if not stages:
+        raise CheckpointError(
+            "Stem-only timm hybrids (no ResNet stages) are not supported."
+        )
+    blocks = tuple(
+        count_indexed(tensors, rf"patch_embed\.backbone\.stages\.{s}\.blocks\.(\d+)\.")
+        for s in range(stages)
+    )
+    kwargs = dict(
+        stem=blocks,
+        stem_width=int(stem.shape[0]),
+        num_channels=int(stem.shape[1]),
+        hidden_dim=int(hidden),
+    )
+    return HybridViT, kwargs, 4 * 2 ** (stages - 1)
+
+
+def _global_pool(tensors, config, args, class_token: bool, fc_norm: bool) -> str:
+    pool = config.get("global_pool", args.get("global_pool"))
+    if pool is None and "attn_pool.latent" in tensors:
+        pool = "map"
+    if pool is None:
+        pool = "avg" if (fc_norm or not class_token) else "token"
+    if pool not in ("token", "avg", "map", ""):
+        raise CheckpointError(
+            f"timm global_pool={pool!r} is not supported; valid: 'token', 'avg', 'map'."
+        )
+    return pool
+
+
+def _grid(tensors, config, args, hints, prefix: int, stride: int):
+    """The patch grid and whether pos_embed covers the prefix tokens, from
+    the configured image size (if any) and the table's length."""
+    size = args.get("img_size")
+    if size is None:
+        input_size = (config.get("pretrained_cfg") or {}).get("input_size")
+        size = input_size[1:] if input_size else None
+    size = image_hw(tuple(size) if isinstance(size, list) else size) if size else None
+    tokens = tensors["pos_embed"].shape[1] if "pos_embed" in tensors else None
+    if tokens is None:
+        raise CheckpointError("timm checkpoint without pos_embed is not supported.")
+    grid, covered = infer_grid(tokens, prefix, size, stride, hints.get("image_size"))
+    if not covered and args.get("no_embed_class") is False:
+        raise CheckpointError("pos_embed size contradicts no_embed_class=False.")
+    return grid, covered
+
+
+def _add_block(plan: Plan, tensors: dict, i: int, layer_scale: bool) -> None:
+    src, dst = f"blocks.{i}.", f"block_{i}/"
+    add_layer_norm(plan, dst + "norm1", src + "norm1")
+    add_layer_norm(plan, dst + "norm2", src + "norm2")
+    for a, b in (
+        ("attn.qkv", "attention/qkv"),
+        ("attn.proj", "attention/proj"),
+        ("mlp.fc1", "mlp/fc1"),
+        ("mlp.fc2", "mlp/fc2"),
+    ):
+        bias = f"{src}{a}.bias" in tensors or a != "attn.qkv"
+        add_torch_linear(plan, dst + b, src + a, bias=bias)
+    if layer_scale:
+        plan.add(f"{dst}layer_scale1/gamma", f"{src}ls1.gamma")
+        plan.add(f"{dst}layer_scale2/gamma", f"{src}ls2.gamma")
+
+
+def _add_resnet_stem(plan: Plan, tensors: dict, stages: tuple[int, ...]) -> None:
+    """timm's `patch_embed.backbone` ResNet-v2 onto `resnet_v2_stem`'s names."""
+    root = "patch_embed.backbone."
+    plan.add("stem_conv/kernel", root + "stem.conv.weight", conv_kernel)
+    add_layer_norm(plan, "stem_norm", root + "stem.norm")
+    for s, depth in enumerate(stages):
+        for b in range(depth):
+            src, dst = f"{root}stages.{s}.blocks.{b}.", f"stage{s}_block{b}_"
+            parts = [(f"conv{r}", f"norm{r}") for r in (1, 2, 3)]
+            if b == 0 and f"{src}downsample.conv.weight" in tensors:
+                parts.append(("downsample.conv", "downsample.norm"))
+            for conv, norm in parts:
+                target = dst + conv.replace(".", "_") + "/kernel"
+                plan.add(target, f"{src}{conv}.weight", conv_kernel)
+                add_layer_norm(plan, dst + norm.replace(".", "_"), src + norm)
 
 
 def _add_positions(plan: Plan, covered: bool, embedded: int, registers: int) -> None:

@@ -1,5 +1,5 @@
 """The training config: dataclasses (model, data, optimizer, run),
-validation and command-line overrides.
+validation, and the command-line overrides (parsed by `overrides`).
 
 Keys are dotted (`optim.learning_rate`, `data.source`, `model.variant`) and
 every one can be overridden from the command line. Recipes, the named
@@ -8,7 +8,6 @@ configs, live in `keras_vit.training.recipes`.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -16,9 +15,14 @@ from dataclasses import dataclass, field
 from keras_vit.hardware import PRECISIONS
 from keras_vit.models.preprocessing import RESIZE_METHODS
 from keras_vit.models.vit import ARCHITECTURE_KEYS
+from keras_vit.training.overrides import (  # noqa: F401  re-exported: the config's API
+    AUTO_KEYS,
+    dotted_keys,
+    key_table,
+    parse_overrides,
+    replace_dotted,
+)
 
-# Keys that also take "auto" (resolved by keras_vit.hardware at train time).
-AUTO_KEYS = ("precision", "jit_compile")
 MODEL_KINDS = ("vit", "hybrid", "cnn")
 STRATEGY_NAMES = ("default", "mirrored", "multiworker", "tpu")
 
@@ -184,106 +188,16 @@ class TrainConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)
 
 
-_SECTIONS = {
-    "model": ModelConfig,
-    "data": DataConfig,
-    "optim": OptimConfig,
-    "distill": DistillConfig,
-}
-
-
 def config_keys() -> list[str]:
     """Every key `override` accepts, dotted."""
-    keys = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in _SECTIONS]
-    for section, cls in _SECTIONS.items():
-        keys += [
-            f"{section}.{f.name}" for f in dataclasses.fields(cls) if f.name != "arrays"
-        ]
-    return keys
-
-
-def _parse(key: str, text, default):
-    if not isinstance(text, str):
-        return text
-    if isinstance(default, bool):
-        lowered = text.lower()
-        if lowered == "auto" and key in AUTO_KEYS:
-            return "auto"
-        if lowered in ("true", "1", "yes"):
-            return True
-        if lowered in ("false", "0", "no"):
-            return False
-        raise ValueError(f"{key} must be true or false, got {text!r}.")
-    if isinstance(default, int | float | tuple):
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            raise ValueError(
-                f"{key} must be a {type(default).__name__}, got {text!r}."
-            ) from None
-        if isinstance(default, tuple) and isinstance(value, list | tuple):
-            return tuple(tuple(v) if isinstance(v, list) else v for v in value)
-        if isinstance(default, tuple) and isinstance(value, int | float):
-            return (value,)  # `--data.mean 0.5`: one value for every channel
-        if isinstance(default, float) and isinstance(value, int):
-            return float(value)
-        return value
-    return text
+    return dotted_keys(TrainConfig)
 
 
 def override(config: TrainConfig, **values) -> TrainConfig:
     """A copy of `config` with dotted keys replaced (`{"optim.learning_rate":
     "3e-4"}`); strings are parsed to the key's type. Unknown keys raise a
     ValueError listing the valid ones."""
-    sections = {name: getattr(config, name) for name in _SECTIONS}
-    top = {}
-    valid = config_keys()
-    for key, text in values.items():
-        if key not in valid:
-            raise ValueError(
-                f"Unknown config key {key!r}; valid keys are: {', '.join(valid)}."
-            )
-        section, _, name = key.rpartition(".")
-        target = sections[section] if section else config
-        value = _parse(key, text, getattr(target, name))
-        if section:
-            sections[section] = dataclasses.replace(sections[section], **{name: value})
-        else:
-            top[name] = value
-    return dataclasses.replace(config, **top, **sections)
-
-
-def parse_overrides(args: list[str]) -> dict:
-    """`["--set", "a.b=1", "--optim.learning_rate", "3e-4", "--smoke"]` ->
-    `{"a.b": "1", "optim.learning_rate": "3e-4", "smoke": "true"}`."""
-    values, i = {}, 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--set":
-            if i + 1 == len(args) or "=" not in args[i + 1]:
-                raise ValueError(
-                    "--set needs key=value, e.g. --set optim.learning_rate=3e-4"
-                )
-            key, _, value = args[i + 1].partition("=")
-            values[key] = value
-            i += 2
-        elif arg.startswith("--") and "=" in arg:
-            key, _, value = arg[2:].partition("=")
-            values[key] = value
-            i += 1
-        elif arg.startswith("--"):
-            key = arg[2:]
-            if i + 1 < len(args) and not args[i + 1].startswith("--"):
-                values[key] = args[i + 1]
-                i += 2
-            else:  # a bare flag: a boolean switched on
-                values[key] = "true"
-                i += 1
-        else:
-            raise ValueError(
-                f"Unexpected argument {arg!r}; use --key value or --set key=value."
-            )
-    return values
+    return replace_dotted(config, values)
 
 
 def _check(key, value, low, high=None, kind=(int, float)):

@@ -9,12 +9,10 @@ at step s is `make_train_dataset(..., start_step=s)` and
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
 import keras
-import numpy as np
 
 from keras_vit.analysis.flops import vit_macs
 from keras_vit.hardware import choose_settings
@@ -42,6 +40,11 @@ from keras_vit.training.model_kinds import build_kind
 from keras_vit.training.optimizer import (
     learning_rate_schedule,
     make_optimizer,
+)
+from keras_vit.training.outputs import (  # noqa: F401  plot_history: re-exported
+    has_tensorboard,
+    plot_history,
+    write_outputs,
 )
 
 __all__ = [
@@ -155,88 +158,13 @@ def _callbacks(run_dir: Path, chief: bool):
     callbacks = [checkpoint_lib.CheckpointCallback(run_dir / "checkpoints")]
     if chief:
         callbacks.append(run_folder.HistoryWriter(run_dir / run_folder.HISTORY_FILE))
-        if _has_tensorboard():
+        if has_tensorboard():
             callbacks.append(
                 keras.callbacks.TensorBoard(
                     str(run_dir / "tensorboard"), write_graph=False
                 )
             )
     return callbacks
-
-
-def _has_tensorboard() -> bool:
-    # tf.summary needs the `tensorboard` package, which tensorflow-cpu does
-    # not pull in; without it the run goes on with the CSV history only.
-    import importlib.util
-
-    return importlib.util.find_spec("tensorboard") is not None
-
-
-def plot_history(history_csv: Path, png: Path, steps_per_row: int = 1) -> Path | None:
-    """Loss and accuracy (train, and held-out where evaluated) against the
-    step, one panel each; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    rows = run_folder.read_history(history_csv)  # skips torn or foreign rows
-    if not rows:
-        return None
-    steps = np.array([(int(r["epoch"]) + 1) * steps_per_row for r in rows])
-    figure, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for axis, metric in zip(axes, ("loss", "accuracy"), strict=True):
-        for prefix in ("", "val_"):
-            column = prefix + metric
-            if column in rows[0]:
-                values = np.array([_number(r[column]) for r in rows])
-                if np.isfinite(values).any():
-                    kept = np.isfinite(values)
-                    axis.plot(steps[kept], values[kept], marker=".", label=column)
-        axis.set_xlabel("step")
-        axis.set_title(metric)
-        axis.legend()
-    figure.tight_layout()
-    figure.savefig(png, dpi=100)
-    plt.close(figure)
-    return png
-
-
-def _raw_pixels(config: TrainConfig, dataset, limit: int) -> np.ndarray:
-    """Undoes the normalisation of up to `limit` images of `dataset`: raw
-    pixels in `[0, pixel_scale]`, as clients of the export send them."""
-    batches, count = [], 0
-    for images, _ in dataset:
-        batches.append(images.numpy())
-        count += len(batches[-1])
-        if count >= limit:
-            break
-    mean = np.asarray(config.data.mean, "float32")
-    std = np.asarray(config.data.std, "float32")
-    return (np.concatenate(batches)[:limit] * std + mean) * config.data.pixel_scale
-
-
-def _export(model, config, labels, preprocessing, image_size) -> dict:
-    """Exports with int8 calibration on training images and every parity
-    figure measured on the held-out split (at most 2,000 images)."""
-    from keras_vit.deploy.export import export_model
-
-    train = data_lib.make_train_dataset(config.data, image_size, 64, config.seed)
-    held_out = data_lib.make_eval_dataset(config.data, image_size, 256)
-    result = export_model(
-        model,
-        config.export_name,
-        root=config.export_root,
-        labels=labels,
-        preprocessing=preprocessing,
-        representative_images=_raw_pixels(config, train, 512),
-        verify_images=_raw_pixels(config, held_out, 2000),
-        variant=config.model.variant,
-        quantize=config.export_quantize or None,
-    )
-    return result if isinstance(result, dict) else {"path": str(result)}
 
 
 def train(config: TrainConfig) -> dict:
@@ -350,7 +278,7 @@ def _run(config, settings, run_dir, strategy, chief, clock, config_changes) -> d
         # Saved, exported and returned as an ordinary model.
         model = merge_lora(model)
     if chief:
-        _write_outputs(model, config, metadata, run_dir, size)
+        write_outputs(model, config, metadata, run_dir, size)
     metadata["model"] = model
     return metadata
 
@@ -437,29 +365,3 @@ def _evaluate(fitted, config, size, step) -> dict:
         "steps": int(step),
         "optimizer_iterations": int(fitted.optimizer.iterations.numpy()),
     }
-
-
-def _write_outputs(model, config, metadata, run_dir, size) -> None:
-    """The chief's files: model.keras, curves, the export and metadata.json."""
-    paths = metadata["paths"]
-    paths["model"] = str(run_dir / "model.keras")
-    model.save(paths["model"])
-    history = run_dir / "history.csv"
-    if history.exists():
-        paths["history"] = str(history)
-        curves = plot_history(history, run_dir / "curves.png", config.checkpoint_every)
-        if curves:
-            paths["curves"] = str(curves)
-    if _has_tensorboard():
-        paths["tensorboard"] = str(run_dir / "tensorboard")
-    if config.export_name:
-        labels, preprocessing = metadata["labels"], metadata["preprocessing"]
-        metadata["export"] = _export(model, config, labels, preprocessing, size)
-    (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str))
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:  # CSVLogger writes "NA" for epochs without a value
-        return float("nan")

@@ -17,7 +17,9 @@ from pathlib import Path
 from keras_vit.models.vit import VARIANTS
 from keras_vit.training.config import (
     TrainConfig,
+    key_table,
     override,
+    parse_overrides,
     validate,
 )
 
@@ -106,4 +108,23 @@ def load_recipe(name_or_path: str, overrides: dict | None = None) -> TrainConfig
     return validate(config)
 
 
-__all__ = ["base_recipe", "load_recipe", "recipe_names", "smoke_version"]
+def keys_request(args: list[str]) -> list[str] | None:
+    """For `[RECIPE] ... --keys ...` (the `--keys` anywhere): one line per
+    config key with its type and its value in that recipe, the other
+    overrides applied; None when `--keys` is not among `args`."""
+    if "--keys" not in args:
+        return None
+    args = [a for a in args if a != "--keys"]
+    recipe = "digits"
+    if args and not args[0].startswith("--"):
+        recipe, args = args[0], args[1:]
+    return key_table(load_recipe(recipe, parse_overrides(args)))
+
+
+__all__ = [
+    "base_recipe",
+    "keys_request",
+    "load_recipe",
+    "recipe_names",
+    "smoke_version",
+]
