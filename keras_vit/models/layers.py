@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.models import position
 from keras_vit.models.blocks import (  # noqa: F401  re-exported: one import for all layers
     MultiHeadSelfAttention,
     TransformerBlock,
@@ -38,24 +39,32 @@ class Patches(keras.layers.Layer):
 
     Args:
         patch_size: int, side of a square patch in pixels.
+        flatten: bool, return the patches as one sequence (the default) or
+            on their grid, `(batch, rows, cols, patch_dim)`, which is what a
+            dynamic-size model feeds `PatchEncoder` so that it knows the grid
+            of every image size.
 
     Call arguments:
         images: `(batch, height, width, channels)`; height and width must be
-            static multiples of `patch_size`.
+            multiples of `patch_size`. They may be unknown until run time
+            (`None`), where a size that is not a multiple fails in the graph.
 
     Returns:
         `(batch, num_patches, patch_size * patch_size * channels)`, patches in
         row-major order over the `(height // patch_size, width // patch_size)`
-        grid.
+        grid; with `flatten=False`, `(batch, rows, cols, patch_dim)`.
     """
 
-    def __init__(self, patch_size: int, **kwargs):
+    def __init__(self, patch_size: int, flatten: bool = True, **kwargs):
         super().__init__(**kwargs)
         if isinstance(patch_size, bool) or not isinstance(patch_size, int):
             raise ValueError(f"`patch_size` must be an int, got {patch_size!r}.")
         if patch_size < 1:
             raise ValueError(f"`patch_size` must be >= 1, got {patch_size}.")
+        if not isinstance(flatten, bool):
+            raise ValueError(f"`flatten` must be True or False, got {flatten!r}.")
         self.patch_size = patch_size
+        self.flatten = flatten
 
     def _grid(self, input_shape) -> tuple[int, int]:
         if len(input_shape) != 4:
@@ -64,17 +73,15 @@ class Patches(keras.layers.Layer):
                 f"channels), got shape {tuple(input_shape)}."
             )
         height, width = input_shape[1], input_shape[2]
-        if height is None or width is None:
-            raise ValueError(
-                "Patches needs a static image height and width, got shape "
-                f"{tuple(input_shape)}."
-            )
         p = self.patch_size
-        if height % p or width % p:
+        if (height is not None and height % p) or (width is not None and width % p):
             raise ValueError(
                 f"Image size {height}x{width} is not divisible by patch_size {p}."
             )
-        return height // p, width // p
+        return (
+            None if height is None else height // p,
+            None if width is None else width // p,
+        )
 
     def build(self, input_shape):
         self._grid(input_shape)
@@ -90,17 +97,48 @@ class Patches(keras.layers.Layer):
             )
         p = self.patch_size
         channels = images.shape[-1]
+        if rows is None or cols is None:
+            rows, cols = self._run_time_grid(images)
         x = ops.reshape(images, (-1, rows, p, cols, p, channels))
         x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+        if not self.flatten:
+            return ops.reshape(x, (-1, rows, cols, p * p * channels))
         return ops.reshape(x, (-1, rows * cols, p * p * channels))
+
+    def _run_time_grid(self, images):
+        """The grid of images whose size only the running graph knows, after
+        a check that names the size (see `position`: only TensorFlow has
+        sizes unknown at trace time, and keras.ops has no assertion)."""
+        import tensorflow as tf
+
+        shape = ops.shape(images)
+        p = self.patch_size
+        check = tf.debugging.Assert(
+            tf.logical_and(tf.equal(shape[1] % p, 0), tf.equal(shape[2] % p, 0)),
+            [
+                f"Image height and width must be multiples of patch_size {p}; "
+                "got images of shape",
+                tf.shape(images),
+            ],
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(shape[1] // p), tf.identity(shape[2] // p)
 
     def compute_output_shape(self, input_shape):
         rows, cols = self._grid(input_shape)
         p = self.patch_size
-        return (input_shape[0], rows * cols, p * p * input_shape[-1])
+        patch_dim = p * p * input_shape[-1]
+        if not self.flatten:
+            return (input_shape[0], rows, cols, patch_dim)
+        tokens = None if rows is None or cols is None else rows * cols
+        return (input_shape[0], tokens, patch_dim)
 
     def get_config(self):
-        return {**super().get_config(), "patch_size": self.patch_size}
+        return {
+            **super().get_config(),
+            "patch_size": self.patch_size,
+            "flatten": self.flatten,
+        }
 
 
 def sincos_position_embedding(
@@ -143,15 +181,22 @@ class PatchEncoder(keras.layers.Layer):
         position_embedding: `"learned"` (1-D, truncated normal with stddev
             0.02, covering the prefix tokens too) or `"sincos"` (fixed 2-D
             sine-cosine on the patch tokens; prefix tokens get none).
-        grid_size: `(rows, cols)` of the patch grid; `None` means a square
-            grid, derived from the number of patches.
+        grid_size: `(rows, cols)` of the patch grid the position embedding
+            is made for; `None` means a square grid, derived from the number
+            of patches. Needed for grid-shaped input of unknown size.
         patch_norm: bool, LayerNorm before and after the projection, as in
             vit-pytorch.
         dropout_rate: float, dropout on the embedded tokens.
         layer_norm_epsilon: float, epsilon of the patch LayerNorms.
 
     Call arguments:
-        patches: `(batch, num_patches, patch_dim)`.
+        patches: `(batch, num_patches, patch_dim)`, or on their grid
+            `(batch, rows, cols, patch_dim)` (`Patches(flatten=False)`), where
+            rows and cols may differ from `grid_size` and be unknown until
+            run time: the position embedding then follows the actual grid,
+            the learned one resampled bicubically as `with_image_size` does
+            (the same function), the sin-cos one computed for that grid.
+            At `grid_size` the stored table is used as it is.
         training: bool, whether dropout is active.
 
     Returns:
@@ -240,9 +285,30 @@ class PatchEncoder(keras.layers.Layer):
             )
         return side, side
 
+    def _input_grid(self, input_shape) -> tuple[int, int]:
+        """The grid the position table is built for."""
+        if len(input_shape) == 3:
+            return self._resolve_grid(input_shape[1])
+        if self.grid_size is not None:
+            return self.grid_size
+        rows, cols = input_shape[1], input_shape[2]
+        if rows is None or cols is None:
+            raise ValueError(
+                f"Patches on a grid of unknown size {tuple(input_shape)} need "
+                "`grid_size=(rows, cols)`: the grid the position embedding is "
+                "made for."
+            )
+        return rows, cols
+
     def build(self, input_shape):
-        num_patches = input_shape[1]
-        grid = self._resolve_grid(num_patches)
+        if len(input_shape) not in (3, 4):
+            raise ValueError(
+                "PatchEncoder expects patches (batch, num_patches, patch_dim) or "
+                f"(batch, rows, cols, patch_dim), got shape {tuple(input_shape)}."
+            )
+        grid = self._input_grid(input_shape)
+        self._built_grid = grid
+        num_patches = grid[0] * grid[1]
         if self.patch_norm:
             self.input_norm.build(input_shape)
             self.output_norm.build((None, num_patches, self.hidden_dim))
@@ -290,7 +356,14 @@ class PatchEncoder(keras.layers.Layer):
         x = self.projection(x)
         if self.patch_norm:
             x = self.output_norm(x)
-        pos = ops.cast(self.pos_embedding, x.dtype)
+        if len(x.shape) == 4:
+            rows, cols = (
+                ops.shape(x)[i] if x.shape[i] is None else x.shape[i] for i in (1, 2)
+            )
+            x = ops.reshape(x, (-1, rows * cols, self.hidden_dim))
+        else:
+            rows, cols = self._built_grid
+        pos = ops.cast(self._position_table(rows, cols), x.dtype)
         if self.position_embedding == "sincos":
             x = x + pos
         batch = ops.shape(x)[0]
@@ -317,12 +390,35 @@ class PatchEncoder(keras.layers.Layer):
             x = ops.concatenate([x[:, :embedded], registers, x[:, embedded:]], axis=1)
         return self.embedding_dropout(x, training=training)
 
+    def _position_table(self, rows, cols):
+        """The position table for a `rows x cols` grid (ints, or scalar
+        tensors when the size is known only at run time)."""
+        table = self.pos_embedding
+        built = self._built_grid
+        if position.is_static(rows, cols) and (rows, cols) == built:
+            return table
+
+        def for_grid():
+            if self.position_embedding == "sincos":
+                return position.sincos_table((rows, cols), self.hidden_dim)[None]
+            return position.interpolate_position_embedding(
+                table, built, (rows, cols), self.num_embedded_prefix_tokens
+            )
+
+        if position.is_static(rows, cols):
+            return for_grid()
+        # Unknown until run time: the stored table serves its own grid.
+        same = ops.logical_and(ops.equal(rows, built[0]), ops.equal(cols, built[1]))
+        return ops.cond(same, lambda: ops.convert_to_tensor(table), for_grid)
+
     def compute_output_shape(self, input_shape):
-        return (
-            input_shape[0],
-            self.num_prefix_tokens + input_shape[1],
-            self.hidden_dim,
-        )
+        if len(input_shape) == 4:
+            rows, cols = input_shape[1], input_shape[2]
+            num_patches = None if rows is None or cols is None else rows * cols
+        else:
+            num_patches = input_shape[1]
+        tokens = None if num_patches is None else self.num_prefix_tokens + num_patches
+        return (input_shape[0], tokens, self.hidden_dim)
 
     def get_config(self):
         config = {

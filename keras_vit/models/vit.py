@@ -281,6 +281,7 @@ def ViT(
     num_heads: int | None = None,
     mlp_dim: int | None = None,
     name: str | None = None,
+    dynamic_size: bool = False,
     **options,
 ) -> keras.Model:
     """Builds a Vision Transformer as a functional `keras.Model`.
@@ -289,11 +290,22 @@ def ViT(
         variant: `"<size>/<patch>"` with size in `VARIANTS` (Ti, S, B, L, H),
             e.g. `"B/16"`.
         image_size: int or `(height, width)`; both divisible by the patch size.
+            With `dynamic_size=True`, the size the position embedding is made
+            for (its weights are those of a fixed model of this size).
         num_classes: int, size of the classification head.
         num_channels: int, image channels.
         patch_size, hidden_dim, num_layers, num_heads, mlp_dim: override the
             variant's table entry.
         name: model name; defaults to e.g. `"vit_b16"`.
+        dynamic_size: bool, accept images of any height and width that are
+            multiples of the patch size, `(batch, None, None, num_channels)`.
+            At another size than `image_size` the learned position embedding
+            is resampled in the graph exactly as `with_image_size` resamples
+            it offline (bicubic), a sin-cos one computed for the actual grid;
+            at `image_size` the model computes what the fixed one does. Under
+            XLA (`jit_compile=True`) every new input shape (size or batch)
+            traces and compiles the function once more; a shape seen before
+            reuses its compiled program.
         **options: passed to `build_transformer`: `include_top`, `pooling`
             (`"token"`, `"gap"`, `"map"` (a learned probe attends over the
             tokens, `MAPHead`), or None for the token sequence without top),
@@ -331,8 +343,15 @@ def ViT(
         )
     if name is None:
         name = f"vit_{variant.split('/')[0].lower()}{p}"
-    inputs = keras.Input((height, width, num_channels), name="images")
-    patches = Patches(p, name="patches")(inputs)
+    if not isinstance(dynamic_size, bool):
+        raise ValueError(f"`dynamic_size` must be True or False, got {dynamic_size!r}.")
+    if dynamic_size:
+        # Patches on their grid tell the encoder each image's grid.
+        inputs = keras.Input((None, None, num_channels), name="images")
+        patches = Patches(p, flatten=False, name="patches")(inputs)
+    else:
+        inputs = keras.Input((height, width, num_channels), name="images")
+        patches = Patches(p, name="patches")(inputs)
     return build_transformer(
         inputs,
         patches,
