@@ -4,11 +4,12 @@ in-graph one of a dynamic-size model (`PatchEncoder`), so both give the same
 numbers.
 
 Grid sizes may be Python ints or, inside a TensorFlow graph whose image size
-is unknown until run time, scalar tensors. Only the TensorFlow backend has
-such symbolic sizes (JAX traces and PyTorch run with concrete shapes), and
-`keras.ops.image.resize` validates its size with Python comparisons that a
-symbolic size cannot answer; for those alone `tf.image.resize` is called,
-which is what `keras.ops.image.resize` runs on TensorFlow anyway.
+is unknown until run time, scalar tensors. Resizing is written as two small
+matrix products whose weights are those of TensorFlow's resize kernels
+(half-pixel centres, no antialiasing): `keras.ops.image.resize` checks its
+size with Python comparisons a symbolic size cannot answer, and XLA has no
+kernel for `ResizeBicubic`, so a dynamic-size model under `jit_compile=True`
+could not use it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from __future__ import annotations
 from keras import ops
 
 INTERPOLATIONS = ("bicubic", "bilinear")
+# TensorFlow's bicubic kernel: Keys' cubic with a = -0.5, its weights looked
+# up in a table of 1024 steps per pixel (resize_bicubic_op.cc).
+_KEYS_A = -0.5
+_TABLE_STEPS = 1024.0
 
 
 def is_static(*sizes) -> bool:
@@ -23,18 +28,59 @@ def is_static(*sizes) -> bool:
     return all(isinstance(s, int) for s in sizes)
 
 
-def resize_grid(grid, size, method: str = "bicubic"):
-    """Resizes `(1, rows, cols, hidden_dim)` to `(1, *size, hidden_dim)`
-    without antialiasing (timm's and `with_image_size`'s choice)."""
-    if method not in INTERPOLATIONS:
-        raise ValueError(
-            f"`method` must be one of {INTERPOLATIONS}, got {method!r}."
-        )
-    if is_static(*size):
-        return ops.image.resize(grid, tuple(size), interpolation=method, antialias=False)
-    import tensorflow as tf  # see the module docstring: symbolic sizes only
+def _keys_near(x):
+    return ((_KEYS_A + 2) * x - (_KEYS_A + 3)) * x * x + 1
 
-    return tf.image.resize(grid, tf.stack(size), method=method, antialias=False)
+
+def _keys_far(x):
+    return ((_KEYS_A * x - 5 * _KEYS_A) * x + 8 * _KEYS_A) * x - 4 * _KEYS_A
+
+
+def resize_weights(in_size: int, out_size, method: str = "bicubic"):
+    """`(out_size, in_size)` matrix `W`: resizing an axis is `W @ x`, with the
+    weights of `tf.image.resize(..., antialias=False)`."""
+    scale = ops.cast(in_size, "float32") / ops.cast(out_size, "float32")
+    source = (ops.arange(out_size, dtype="float32") + 0.5) * scale - 0.5
+    floor = ops.floor(source)
+    delta = source - floor
+    floor = ops.cast(floor, "int32")
+    if method == "bilinear":
+        # Taps past the edge repeat the edge pixel.
+        taps, weights = [floor, floor + 1], [1.0 - delta, delta]
+    else:
+        step = ops.round(delta * _TABLE_STEPS) / _TABLE_STEPS
+        taps = [floor - 1, floor, floor + 1, floor + 2]
+        weights = [
+            _keys_far(step + 1),
+            _keys_near(step),
+            _keys_near(1 - step),
+            _keys_far(2 - step),
+        ]
+        # Taps past the edge get no weight; the rest are renormalised.
+        weights = [
+            ops.where(ops.logical_and(t >= 0, t < in_size), w, 0.0)
+            for t, w in zip(taps, weights, strict=True)
+        ]
+        total = sum(weights)
+        weights = [w / total for w in weights]
+    matrix = 0.0
+    for tap, weight in zip(taps, weights, strict=True):
+        tap = ops.clip(tap, 0, in_size - 1)
+        matrix = matrix + ops.one_hot(tap, in_size, dtype="float32") * weight[:, None]
+    return matrix
+
+
+def resize_grid(grid, size, method: str = "bicubic"):
+    """Resizes `(1, rows, cols, hidden_dim)` to `(1, *size, hidden_dim)` as
+    `tf.image.resize(grid, size, method, antialias=False)` does (timm's and
+    `with_image_size`'s resampling), for sizes known or not before run time."""
+    if method not in INTERPOLATIONS:
+        raise ValueError(f"`method` must be one of {INTERPOLATIONS}, got {method!r}.")
+    rows, cols = grid.shape[1], grid.shape[2]
+    grid = ops.cast(grid[0], "float32")
+    grid = ops.einsum("ia,abd->ibd", resize_weights(rows, size[0], method), grid)
+    grid = ops.einsum("jb,ibd->ijd", resize_weights(cols, size[1], method), grid)
+    return grid[None]
 
 
 def interpolate_position_embedding(
