@@ -81,10 +81,13 @@ class Graphs:
         if is_dynamic_size(model):
             self.input_shape = [None, None, channels]
             self.multiple = input_stride(model)
-            self.shape_text = (
-                f"(batch, H, W, {channels}) with H a multiple of "
-                f"{self.multiple[0]} and W of {self.multiple[1]}"
+            rows, cols = self.multiple
+            multiples = (
+                f"H and W multiples of {rows}"
+                if rows == cols
+                else f"H a multiple of {rows} and W of {cols}"
             )
+            self.shape_text = f"(batch, H, W, {channels}) with {multiples}"
 
     def scores(self, pixels):
         x = normalize_pixels(pixels, self.pre)

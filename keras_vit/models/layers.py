@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_vit.models import position
 from keras_vit.models.blocks import (  # noqa: F401  re-exported: one import for all layers
     MultiHeadSelfAttention,
     TransformerBlock,
+)
+from keras_vit.models.position import (  # noqa: F401  re-exported, its old home
+    sincos_position_embedding,
 )
 from keras_vit.models.sublayers import (  # noqa: F401  re-exported, as above
     MLP,
@@ -46,8 +48,7 @@ class Patches(keras.layers.Layer):
 
     Call arguments:
         images: `(batch, height, width, channels)`; height and width must be
-            multiples of `patch_size`. They may be unknown until run time
-            (`None`), where a size that is not a multiple fails in the graph.
+            multiples of `patch_size`, and may be unknown until run time.
 
     Returns:
         `(batch, num_patches, patch_size * patch_size * channels)`, patches in
@@ -98,31 +99,20 @@ class Patches(keras.layers.Layer):
         p = self.patch_size
         channels = images.shape[-1]
         if rows is None or cols is None:
-            rows, cols = self._run_time_grid(images)
-        x = ops.reshape(images, (-1, rows, p, cols, p, channels))
+            # Known only at run time, where keras.ops cannot raise a message
+            # naming a size that is not a multiple (eager calls and traces at
+            # one size raise above; the serving graph checks it). With the
+            # batch spelled out, such a size fails this reshape instead of
+            # passing as another batch size.
+            batch, height, width = ops.shape(images)[:3]
+            rows, cols = height // p, width // p
+            x = ops.reshape(images, (batch, rows, p, cols, p, channels))
+        else:
+            x = ops.reshape(images, (-1, rows, p, cols, p, channels))
         x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
         if not self.flatten:
             return ops.reshape(x, (-1, rows, cols, p * p * channels))
         return ops.reshape(x, (-1, rows * cols, p * p * channels))
-
-    def _run_time_grid(self, images):
-        """The grid of images whose size only the running graph knows, after
-        a check that names the size (see `position`: only TensorFlow has
-        sizes unknown at trace time, and keras.ops has no assertion)."""
-        import tensorflow as tf
-
-        shape = ops.shape(images)
-        p = self.patch_size
-        check = tf.debugging.Assert(
-            tf.logical_and(tf.equal(shape[1] % p, 0), tf.equal(shape[2] % p, 0)),
-            [
-                f"Image height and width must be multiples of patch_size {p}; "
-                "got images of shape",
-                tf.shape(images),
-            ],
-        )
-        with tf.control_dependencies([check]):
-            return tf.identity(shape[1] // p), tf.identity(shape[2] // p)
 
     def compute_output_shape(self, input_shape):
         rows, cols = self._grid(input_shape)
@@ -139,29 +129,6 @@ class Patches(keras.layers.Layer):
             "patch_size": self.patch_size,
             "flatten": self.flatten,
         }
-
-
-def sincos_position_embedding(
-    grid_size: tuple[int, int], hidden_dim: int, temperature: float = 10000.0
-) -> np.ndarray:
-    """Fixed 2-D sine-cosine position embedding, `(rows * cols, hidden_dim)`.
-
-    A quarter of the channels each hold sin(y), cos(y), sin(x), cos(x) at
-    geometrically spaced frequencies, as in MoCo v3 and big_vision.
-    """
-    if hidden_dim % 4:
-        raise ValueError(
-            "The sin-cos position embedding needs `hidden_dim` divisible by 4, "
-            f"got {hidden_dim}."
-        )
-    rows, cols = grid_size
-    y, x = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
-    omega = np.arange(hidden_dim // 4) / (hidden_dim // 4 - 1 or 1)
-    omega = 1.0 / temperature**omega
-    y = y.reshape(-1, 1) * omega[None]
-    x = x.reshape(-1, 1) * omega[None]
-    table = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
-    return table.astype("float32")
 
 
 @register
@@ -363,7 +330,14 @@ class PatchEncoder(keras.layers.Layer):
             x = ops.reshape(x, (-1, rows * cols, self.hidden_dim))
         else:
             rows, cols = self._built_grid
-        pos = ops.cast(self._position_table(rows, cols), x.dtype)
+        pos = position.table_for_grid(
+            self.pos_embedding,
+            self._built_grid,
+            (rows, cols),
+            sincos=self.position_embedding == "sincos",
+            num_prefix_tokens=self.num_embedded_prefix_tokens,
+        )
+        pos = ops.cast(pos, x.dtype)
         if self.position_embedding == "sincos":
             x = x + pos
         batch = ops.shape(x)[0]
@@ -389,27 +363,6 @@ class PatchEncoder(keras.layers.Layer):
             embedded = self.num_embedded_prefix_tokens
             x = ops.concatenate([x[:, :embedded], registers, x[:, embedded:]], axis=1)
         return self.embedding_dropout(x, training=training)
-
-    def _position_table(self, rows, cols):
-        """The position table for a `rows x cols` grid (ints, or scalar
-        tensors when the size is known only at run time)."""
-        table = self.pos_embedding
-        built = self._built_grid
-        if position.is_static(rows, cols) and (rows, cols) == built:
-            return table
-
-        def for_grid():
-            if self.position_embedding == "sincos":
-                return position.sincos_table((rows, cols), self.hidden_dim)[None]
-            return position.interpolate_position_embedding(
-                table, built, (rows, cols), self.num_embedded_prefix_tokens
-            )
-
-        if position.is_static(rows, cols):
-            return for_grid()
-        # Unknown until run time: the stored table serves its own grid.
-        same = ops.logical_and(ops.equal(rows, built[0]), ops.equal(cols, built[1]))
-        return ops.cond(same, lambda: ops.convert_to_tensor(table), for_grid)
 
     def compute_output_shape(self, input_shape):
         if len(input_shape) == 4:

@@ -14,6 +14,7 @@ could not use it.
 
 from __future__ import annotations
 
+import numpy as np
 from keras import ops
 
 INTERPOLATIONS = ("bicubic", "bilinear")
@@ -38,7 +39,7 @@ def _keys_far(x):
 
 def resize_weights(in_size: int, out_size, method: str = "bicubic"):
     """`(out_size, in_size)` matrix `W`: resizing an axis is `W @ x`, with the
-    weights of `tf.image.resize(..., antialias=False)`."""
+    weights of TensorFlow's `image.resize(..., antialias=False)`."""
     scale = ops.cast(in_size, "float32") / ops.cast(out_size, "float32")
     source = (ops.arange(out_size, dtype="float32") + 0.5) * scale - 0.5
     floor = ops.floor(source)
@@ -72,7 +73,7 @@ def resize_weights(in_size: int, out_size, method: str = "bicubic"):
 
 def resize_grid(grid, size, method: str = "bicubic"):
     """Resizes `(1, rows, cols, hidden_dim)` to `(1, *size, hidden_dim)` as
-    `tf.image.resize(grid, size, method, antialias=False)` does (timm's and
+    TensorFlow's `image.resize(grid, size, method, antialias=False)` does (timm's and
     `with_image_size`'s resampling), for sizes known or not before run time."""
     if method not in INTERPOLATIONS:
         raise ValueError(f"`method` must be one of {INTERPOLATIONS}, got {method!r}.")
@@ -111,3 +112,50 @@ def sincos_table(grid, hidden_dim: int, temperature: float = 10000.0):
     x = ops.reshape(x, (-1, 1)) * omega[None]
     table = ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=1)
     return ops.cast(table, "float32")
+
+
+def sincos_position_embedding(
+    grid_size: tuple[int, int], hidden_dim: int, temperature: float = 10000.0
+) -> np.ndarray:
+    """Fixed 2-D sine-cosine position embedding, `(rows * cols, hidden_dim)`.
+
+    A quarter of the channels each hold sin(y), cos(y), sin(x), cos(x) at
+    geometrically spaced frequencies, as in MoCo v3 and big_vision.
+    """
+    if hidden_dim % 4:
+        raise ValueError(
+            "The sin-cos position embedding needs `hidden_dim` divisible by 4, "
+            f"got {hidden_dim}."
+        )
+    rows, cols = grid_size
+    y, x = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    omega = np.arange(hidden_dim // 4) / (hidden_dim // 4 - 1 or 1)
+    omega = 1.0 / temperature**omega
+    y = y.reshape(-1, 1) * omega[None]
+    x = x.reshape(-1, 1) * omega[None]
+    table = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+    return table.astype("float32")
+
+
+def table_for_grid(table, built_grid, grid, *, sincos: bool, num_prefix_tokens: int):
+    """A `PatchEncoder`'s position `table`, made for `built_grid`, at `grid`
+    (ints, or scalar tensors when the size is known only at run time): the
+    stored table at its own grid, else resampled (learned) or recomputed
+    (sin-cos)."""
+    rows, cols = grid
+    if is_static(rows, cols) and (rows, cols) == tuple(built_grid):
+        return table
+
+    def for_grid():
+        if sincos:
+            return sincos_table((rows, cols), table.shape[-1])[None]
+        return interpolate_position_embedding(
+            table, built_grid, (rows, cols), num_prefix_tokens
+        )
+
+    if is_static(rows, cols):
+        return for_grid()
+    same = ops.logical_and(
+        ops.equal(rows, built_grid[0]), ops.equal(cols, built_grid[1])
+    )
+    return ops.cond(same, lambda: ops.convert_to_tensor(table), for_grid)
