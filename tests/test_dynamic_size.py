@@ -111,6 +111,7 @@ def test_keras_round_trip_fit_and_nominal_size(tmp_path):
     fit_one_step(model, images((24, 16), batch=4), np.arange(4) % 5)
     model.save(tmp_path / "dynamic.keras")
     reloaded = keras.saving.load_model(tmp_path / "dynamic.keras", safe_mode=True)
+    assert nominal_image_size(reloaded) == (32, 40)
     for size in [(32, 40), (16, 64)]:
         x = images(size)
         np.testing.assert_array_equal(reloaded(x), model(x))
