@@ -263,7 +263,8 @@ def HybridViT(
             of the output stride, as `ViT(dynamic_size=True)` does
             (`image_size` is then the size the position embedding is made
             for); ResNet-v2 stems only, since a `keras.applications` stem is
-            cut where its feature map has a given size.
+            cut where its feature map has a given size. Other sizes are not
+            refused: the stem's "same" convolutions give the ceiling grid.
         **options: as for `ViT` (`include_top`, `pooling`, `distilled`,
             `drop_path_rate`, ...), passed to `vit.build_transformer`.
 
