@@ -20,6 +20,7 @@ def test_layers_and_vit_builder_use_no_tensorflow():
         "vit.py",
         "hybrid.py",
         "resolution.py",
+        "position.py",
     ):
         source = (REPO / "keras_vit" / "models" / module).read_text()
         assert not re.search(r"\btf\.|import tensorflow", source), module

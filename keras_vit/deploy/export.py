@@ -51,6 +51,7 @@ from keras_vit.models.preprocessing import (
     normalize_preprocessing,
     resize_pixels,
 )
+from keras_vit.models.resolution import is_dynamic_size
 from keras_vit.version import __version__
 
 __all__ = ["export_model", "predict", "write_saved_model", "write_warmup_requests"]
@@ -183,6 +184,13 @@ def export_model(
             more pixels (before decoding them); recorded in the metadata.
     """
     kinds = tflite_lib.check_kinds(tflite)
+    if kinds and is_dynamic_size(model):
+        raise ValueError(
+            f"A dynamic-size model exports no .tflite file (tflite={list(kinds)}): "
+            "its in-graph bicubic resampling is no TFLite builtin op. Pass "
+            "tflite=() for the SavedModel, and export with_image_size(model, "
+            "size) for a .tflite at one size."
+        )
     preprocessing = normalize_preprocessing(model, preprocessing)
     labels = _check_arguments(model, name, labels, top_k, version, quantize)
     representative, verify = _images(
@@ -293,6 +301,11 @@ def _reference(model, graphs, verify, preprocessing) -> dict:
 
 
 def _metadata(name, version, model, variant, labels, preprocessing, graphs, reference):
+    pixels_shape = [-1, *(-1 if d is None else d for d in graphs.input_shape)]
+    serving = {"inputs": {SERVING_INPUT: ["float32", pixels_shape]}}
+    if graphs.multiple is not None:
+        # Any size that is a multiple; parity below is at `image_size`.
+        serving["size_multiple"] = list(graphs.multiple)
     return {
         "name": name,
         "version": version,
@@ -302,10 +315,7 @@ def _metadata(name, version, model, variant, labels, preprocessing, graphs, refe
         "labels": labels,
         "preprocessing": preprocessing,
         "signatures": {
-            "serving_default": {
-                "inputs": {SERVING_INPUT: ["float32", [-1, *graphs.shape]]},
-                "outputs": sorted(reference),
-            },
+            "serving_default": {**serving, "outputs": sorted(reference)},
             BYTES_SIGNATURE: {
                 "inputs": {BYTES_INPUT: ["string", [-1]]},
                 "outputs": ["class_ids", "labels", "probabilities"],

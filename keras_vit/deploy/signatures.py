@@ -10,11 +10,15 @@ Signatures of the SavedModel:
   outside); a wrong size or channel count, or a pixel out of range, is an
   `InvalidArgumentError` that names the expected shape or range and the values
   found, never clipped. A batch of 0 images returns empty outputs. TF Serving
-  only checks dtypes, so these checks live in the graph.
+  only checks dtypes, so these checks live in the graph. A dynamic-size model
+  (`ViT(dynamic_size=True)`) takes `(batch, H, W, C)` of any H and W that are
+  multiples of its patch size (or stem stride): the check names the multiple.
 - `classify_images`: `images` string `(batch,)` of encoded JPEG or PNG files of
   any size -> top-k `class_ids` int32, `labels` string and `probabilities`
   float32, each `(batch, k)`. Images are decoded to C channels and resized to
-  H x W inside the graph (`resize_method`, as in training). Before decoding,
+  H x W inside the graph (`resize_method`, as in training); for a
+  dynamic-size model H x W is its nominal size, the `image_size` it was built
+  with (`metadata.json`'s `image_size`). Before decoding,
   the size the header declares (JPEG SOF, PNG IHDR) is checked against
   `max_pixels` (export argument, default `image_bytes.DEFAULT_MAX_PIXELS`,
   recorded in the metadata): a larger image, or bytes that are not a JPEG or
@@ -40,6 +44,7 @@ from keras_vit.deploy.serving import (
 )
 from keras_vit.models import image_bytes
 from keras_vit.models.preprocessing import normalize_pixels, resize_pixels
+from keras_vit.models.resolution import input_stride, is_dynamic_size
 
 WARMUP_FILE = "tf_serving_warmup_requests"
 
@@ -66,8 +71,23 @@ class Graphs:
         self.top_k = min(int(top_k), len(labels))
         self.softmax_inside = ends_in_softmax(model)
         h, w = preprocessing["image_size"]
-        self.shape = [h, w, preprocessing["num_channels"]]
-        self.shape_text = f"(batch, {h}, {w}, {preprocessing['num_channels']})"
+        channels = preprocessing["num_channels"]
+        # The size images are decoded and resized to.
+        self.shape = [h, w, channels]
+        self.shape_text = f"(batch, {h}, {w}, {channels})"
+        # What `serving_default` takes; a dynamic-size model any multiple.
+        self.input_shape = list(self.shape)
+        self.multiple = None
+        if is_dynamic_size(model):
+            self.input_shape = [None, None, channels]
+            self.multiple = input_stride(model)
+            rows, cols = self.multiple
+            multiples = (
+                f"H and W multiples of {rows}"
+                if rows == cols
+                else f"H a multiple of {rows} and W of {cols}"
+            )
+            self.shape_text = f"(batch, H, W, {channels}) with {multiples}"
 
     def scores(self, pixels):
         x = normalize_pixels(pixels, self.pre)
@@ -81,9 +101,18 @@ class Graphs:
         shape = tf.shape(pixels)
         # Padding keeps the comparison valid for any rank; rank is checked too.
         padded = tf.concat([shape, [-1, -1, -1, -1]], axis=0)[1:4]
-        good_shape = tf.logical_and(
-            tf.equal(tf.size(shape), 4), tf.reduce_all(tf.equal(padded, self.shape))
-        )
+        if self.multiple is None:
+            good_sizes = tf.reduce_all(tf.equal(padded, self.shape))
+        else:
+            sizes = padded[:2]
+            good_sizes = tf.reduce_all(
+                [
+                    tf.equal(padded[2], self.shape[2]),
+                    tf.reduce_all(sizes > 0),
+                    tf.reduce_all(tf.equal(sizes % self.multiple, 0)),
+                ]
+            )
+        good_shape = tf.logical_and(tf.equal(tf.size(shape), 4), good_sizes)
         shape_check = tf.debugging.Assert(
             good_shape,
             [f"`{SERVING_INPUT}` must have shape {self.shape_text}; got shape", shape],
@@ -187,7 +216,7 @@ def write_saved_model(
         "serving_default",
         graphs.serving_default,
         input_signature=[
-            tf.TensorSpec([None, *graphs.shape], tf.float32, name=SERVING_INPUT)
+            tf.TensorSpec([None, *graphs.input_shape], tf.float32, name=SERVING_INPUT)
         ],
     )
     archive.add_endpoint(

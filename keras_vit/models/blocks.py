@@ -24,7 +24,9 @@ from keras_vit.models.sublayers import (
 def _check_query_tokens(num_query_tokens, num_tokens):
     if num_query_tokens is None:
         return num_tokens
-    if not 1 <= int(num_query_tokens) <= num_tokens:
+    # A dynamic-size model knows its token count only at run time.
+    limit = int(num_query_tokens) if num_tokens is None else num_tokens
+    if not 1 <= int(num_query_tokens) <= limit:
         raise ValueError(
             f"`num_query_tokens` must be in [1, {num_tokens}] for {num_tokens} "
             f"tokens, got {num_query_tokens!r}."
@@ -139,8 +141,11 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
     def call(
         self, x, training=None, return_attention_scores=False, num_query_tokens=None
     ):
-        num_tokens, hidden_dim = x.shape[1], x.shape[2]
-        queries = _check_query_tokens(num_query_tokens, num_tokens)
+        hidden_dim = x.shape[2]
+        queries = _check_query_tokens(num_query_tokens, x.shape[1])
+        # Known only at run time in a dynamic-size model.
+        num_tokens = ops.shape(x)[1] if x.shape[1] is None else x.shape[1]
+        queries = num_tokens if queries is None else queries
         heads, head_dim = self.num_heads, self.head_dim
         # The projections run on (batch * num_tokens, hidden_dim): a 2-D
         # MatMul + BiasAdd is what oneDNN fuses into one kernel (README, Performance).
@@ -158,7 +163,7 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         # StridedSliceGrad that writes a zero tensor of the full QKV size (a
         # fifth of a bfloat16 training step); unstack's gradient is one stack.
         q, k, v = ops.unstack(qkv, 3, axis=0)
-        if queries < num_tokens:
+        if num_query_tokens is not None and queries != x.shape[1]:
             q = q[:, :queries]
         # Scaling q before the product keeps float16 logits in range.
         q = q * ops.cast(head_dim**-0.5, q.dtype)

@@ -109,6 +109,12 @@ def feature_extractor(
             "`include_prefix=True` needs output='tokens'; a grid holds only the "
             "patch tokens."
         )
+    if output == "grid" and None in tuple(model.inputs[0].shape[1:3]):
+        raise ValueError(
+            f"output='grid' needs a fixed image size, but {model.name!r} is a "
+            "dynamic-size model; use output='tokens' (any size), or "
+            "with_image_size(model, size) for grids at one size."
+        )
     layers = _block_layers(model)
     count = len(layers)
     wanted = [blocks] if isinstance(blocks, int) else list(blocks)

@@ -278,6 +278,7 @@ def HybridViT(
     stem_weights: str | None = None,
     num_channels: int = 3,
     name: str | None = None,
+    dynamic_size: bool = False,
     **options,
 ) -> keras.Model:
     """Builds a hybrid CNN + Vision Transformer as a functional `keras.Model`.
@@ -302,6 +303,12 @@ def HybridViT(
         num_channels: int, image channels (3 for a pretrained applications
             stem).
         name: model name; defaults to e.g. `"vit_b_r50"`.
+        dynamic_size: bool, accept any height and width that are multiples
+            of the output stride, as `ViT(dynamic_size=True)` does
+            (`image_size` is then the size the position embedding is made
+            for); ResNet-v2 stems only, since a `keras.applications` stem is
+            cut where its feature map has a given size. Other sizes are not
+            refused: the stem's "same" convolutions give the ceiling grid.
         **options: as for `ViT`: `hidden_dim`, `num_layers`, `num_heads`,
             `mlp_dim` override the variant (the patch size is the stem's
             output stride); `include_top`, `pooling`, `distilled`,
@@ -337,12 +344,23 @@ def HybridViT(
         )
     if name is None:
         name = f"vit_{(size or variant).lower()}_{stem_label}"
-    inputs = image_input(height, width, num_channels)
+    if not isinstance(dynamic_size, bool):
+        raise ValueError(f"`dynamic_size` must be True or False, got {dynamic_size!r}.")
+    if dynamic_size and blocks is None:
+        raise ValueError(
+            f"dynamic_size=True needs a ResNet-v2 stem ({sorted(RESNET_STEMS)} or "
+            f"block counts); stem {stem!r} from keras.applications is cut at a "
+            "fixed feature-map size. Use with_image_size for another size."
+        )
+
+    spatial = (None, None) if dynamic_size else (height, width)
+    inputs = image_input(*spatial, num_channels)
     if blocks is not None:
         features = resnet_v2_stem(inputs, blocks, stem_width, norm_groups)
     else:
         features = application_stem(inputs, stem, stride, stem_weights)
-    patches = Patches(1, name="patches")(features)
+    # On their grid, the patches tell the encoder each image's grid.
+    patches = Patches(1, flatten=not dynamic_size, name="patches")(features)
     return build_transformer(
         inputs,
         patches,

@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 
 import keras
-import numpy as np
 from keras import ops
 
+from keras_vit.models import position
 from keras_vit.models.blocks import (  # noqa: F401  re-exported: one import for all layers
     MultiHeadSelfAttention,
     TransformerBlock,
+)
+from keras_vit.models.position import (  # noqa: F401  re-exported, its old home
+    sincos_position_embedding,
 )
 from keras_vit.models.sublayers import (  # noqa: F401  re-exported, as above
     MLP,
@@ -38,24 +41,31 @@ class Patches(keras.layers.Layer):
 
     Args:
         patch_size: int, side of a square patch in pixels.
+        flatten: bool, return the patches as one sequence (the default) or
+            on their grid, `(batch, rows, cols, patch_dim)`, which is what a
+            dynamic-size model feeds `PatchEncoder` so that it knows the grid
+            of every image size.
 
     Call arguments:
         images: `(batch, height, width, channels)`; height and width must be
-            static multiples of `patch_size`.
+            multiples of `patch_size`, and may be unknown until run time.
 
     Returns:
         `(batch, num_patches, patch_size * patch_size * channels)`, patches in
         row-major order over the `(height // patch_size, width // patch_size)`
-        grid.
+        grid; with `flatten=False`, `(batch, rows, cols, patch_dim)`.
     """
 
-    def __init__(self, patch_size: int, **kwargs):
+    def __init__(self, patch_size: int, flatten: bool = True, **kwargs):
         super().__init__(**kwargs)
         if isinstance(patch_size, bool) or not isinstance(patch_size, int):
             raise ValueError(f"`patch_size` must be an int, got {patch_size!r}.")
         if patch_size < 1:
             raise ValueError(f"`patch_size` must be >= 1, got {patch_size}.")
+        if not isinstance(flatten, bool):
+            raise ValueError(f"`flatten` must be True or False, got {flatten!r}.")
         self.patch_size = patch_size
+        self.flatten = flatten
 
     def _grid(self, input_shape) -> tuple[int, int]:
         if len(input_shape) != 4:
@@ -64,17 +74,15 @@ class Patches(keras.layers.Layer):
                 f"channels), got shape {tuple(input_shape)}."
             )
         height, width = input_shape[1], input_shape[2]
-        if height is None or width is None:
-            raise ValueError(
-                "Patches needs a static image height and width, got shape "
-                f"{tuple(input_shape)}."
-            )
         p = self.patch_size
-        if height % p or width % p:
+        if (height is not None and height % p) or (width is not None and width % p):
             raise ValueError(
                 f"Image size {height}x{width} is not divisible by patch_size {p}."
             )
-        return height // p, width // p
+        return (
+            None if height is None else height // p,
+            None if width is None else width // p,
+        )
 
     def build(self, input_shape):
         self._grid(input_shape)
@@ -90,40 +98,37 @@ class Patches(keras.layers.Layer):
             )
         p = self.patch_size
         channels = images.shape[-1]
-        x = ops.reshape(images, (-1, rows, p, cols, p, channels))
+        if rows is None or cols is None:
+            # Known only at run time, where keras.ops cannot raise a message
+            # naming a size that is not a multiple (eager calls and traces at
+            # one size raise above; the serving graph checks it). With the
+            # batch spelled out, such a size fails this reshape instead of
+            # passing as another batch size.
+            batch, height, width = ops.shape(images)[:3]
+            rows, cols = height // p, width // p
+            x = ops.reshape(images, (batch, rows, p, cols, p, channels))
+        else:
+            x = ops.reshape(images, (-1, rows, p, cols, p, channels))
         x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+        if not self.flatten:
+            return ops.reshape(x, (-1, rows, cols, p * p * channels))
         return ops.reshape(x, (-1, rows * cols, p * p * channels))
 
     def compute_output_shape(self, input_shape):
         rows, cols = self._grid(input_shape)
         p = self.patch_size
-        return (input_shape[0], rows * cols, p * p * input_shape[-1])
+        patch_dim = p * p * input_shape[-1]
+        if not self.flatten:
+            return (input_shape[0], rows, cols, patch_dim)
+        tokens = None if rows is None or cols is None else rows * cols
+        return (input_shape[0], tokens, patch_dim)
 
     def get_config(self):
-        return {**super().get_config(), "patch_size": self.patch_size}
-
-
-def sincos_position_embedding(
-    grid_size: tuple[int, int], hidden_dim: int, temperature: float = 10000.0
-) -> np.ndarray:
-    """Fixed 2-D sine-cosine position embedding, `(rows * cols, hidden_dim)`.
-
-    A quarter of the channels each hold sin(y), cos(y), sin(x), cos(x) at
-    geometrically spaced frequencies, as in MoCo v3 and big_vision.
-    """
-    if hidden_dim % 4:
-        raise ValueError(
-            "The sin-cos position embedding needs `hidden_dim` divisible by 4, "
-            f"got {hidden_dim}."
-        )
-    rows, cols = grid_size
-    y, x = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
-    omega = np.arange(hidden_dim // 4) / (hidden_dim // 4 - 1 or 1)
-    omega = 1.0 / temperature**omega
-    y = y.reshape(-1, 1) * omega[None]
-    x = x.reshape(-1, 1) * omega[None]
-    table = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
-    return table.astype("float32")
+        return {
+            **super().get_config(),
+            "patch_size": self.patch_size,
+            "flatten": self.flatten,
+        }
 
 
 @register
@@ -143,15 +148,22 @@ class PatchEncoder(keras.layers.Layer):
         position_embedding: `"learned"` (1-D, truncated normal with stddev
             0.02, covering the prefix tokens too) or `"sincos"` (fixed 2-D
             sine-cosine on the patch tokens; prefix tokens get none).
-        grid_size: `(rows, cols)` of the patch grid; `None` means a square
-            grid, derived from the number of patches.
+        grid_size: `(rows, cols)` of the patch grid the position embedding
+            is made for; `None` means a square grid, derived from the number
+            of patches. Needed for grid-shaped input of unknown size.
         patch_norm: bool, LayerNorm before and after the projection, as in
             vit-pytorch.
         dropout_rate: float, dropout on the embedded tokens.
         layer_norm_epsilon: float, epsilon of the patch LayerNorms.
 
     Call arguments:
-        patches: `(batch, num_patches, patch_dim)`.
+        patches: `(batch, num_patches, patch_dim)`, or on their grid
+            `(batch, rows, cols, patch_dim)` (`Patches(flatten=False)`), where
+            rows and cols may differ from `grid_size` and be unknown until
+            run time: the position embedding then follows the actual grid,
+            the learned one resampled bicubically as `with_image_size` does
+            (the same function), the sin-cos one computed for that grid.
+            At `grid_size` the stored table is used as it is.
         training: bool, whether dropout is active.
 
     Returns:
@@ -240,9 +252,30 @@ class PatchEncoder(keras.layers.Layer):
             )
         return side, side
 
+    def _input_grid(self, input_shape) -> tuple[int, int]:
+        """The grid the position table is built for."""
+        if len(input_shape) == 3:
+            return self._resolve_grid(input_shape[1])
+        if self.grid_size is not None:
+            return self.grid_size
+        rows, cols = input_shape[1], input_shape[2]
+        if rows is None or cols is None:
+            raise ValueError(
+                f"Patches on a grid of unknown size {tuple(input_shape)} need "
+                "`grid_size=(rows, cols)`: the grid the position embedding is "
+                "made for."
+            )
+        return rows, cols
+
     def build(self, input_shape):
-        num_patches = input_shape[1]
-        grid = self._resolve_grid(num_patches)
+        if len(input_shape) not in (3, 4):
+            raise ValueError(
+                "PatchEncoder expects patches (batch, num_patches, patch_dim) or "
+                f"(batch, rows, cols, patch_dim), got shape {tuple(input_shape)}."
+            )
+        grid = self._input_grid(input_shape)
+        self._built_grid = grid
+        num_patches = grid[0] * grid[1]
         if self.patch_norm:
             self.input_norm.build(input_shape)
             self.output_norm.build((None, num_patches, self.hidden_dim))
@@ -290,7 +323,21 @@ class PatchEncoder(keras.layers.Layer):
         x = self.projection(x)
         if self.patch_norm:
             x = self.output_norm(x)
-        pos = ops.cast(self.pos_embedding, x.dtype)
+        if len(x.shape) == 4:
+            rows, cols = (
+                ops.shape(x)[i] if x.shape[i] is None else x.shape[i] for i in (1, 2)
+            )
+            x = ops.reshape(x, (-1, rows * cols, self.hidden_dim))
+        else:
+            rows, cols = self._built_grid
+        pos = position.table_for_grid(
+            self.pos_embedding,
+            self._built_grid,
+            (rows, cols),
+            sincos=self.position_embedding == "sincos",
+            num_prefix_tokens=self.num_embedded_prefix_tokens,
+        )
+        pos = ops.cast(pos, x.dtype)
         if self.position_embedding == "sincos":
             x = x + pos
         batch = ops.shape(x)[0]
@@ -318,11 +365,13 @@ class PatchEncoder(keras.layers.Layer):
         return self.embedding_dropout(x, training=training)
 
     def compute_output_shape(self, input_shape):
-        return (
-            input_shape[0],
-            self.num_prefix_tokens + input_shape[1],
-            self.hidden_dim,
-        )
+        if len(input_shape) == 4:
+            rows, cols = input_shape[1], input_shape[2]
+            num_patches = None if rows is None or cols is None else rows * cols
+        else:
+            num_patches = input_shape[1]
+        tokens = None if num_patches is None else self.num_prefix_tokens + num_patches
+        return (input_shape[0], tokens, self.hidden_dim)
 
     def get_config(self):
         config = {

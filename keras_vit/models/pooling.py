@@ -81,7 +81,9 @@ class MAPHead(keras.layers.Layer):
             layer.build(vector)
 
     def call(self, x):
-        num_tokens, hidden_dim = x.shape[1], x.shape[2]
+        hidden_dim = x.shape[2]
+        # Known only at run time in a dynamic-size model.
+        num_tokens = ops.shape(x)[1] if x.shape[1] is None else x.shape[1]
         heads = self.num_heads
         head_dim = hidden_dim // heads
         # The probe's query is the same for every image: projected once.

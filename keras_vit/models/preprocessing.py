@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.models.resolution import nominal_image_size
 from keras_vit.models.vit import image_hw
 
 PREPROCESSING_KEYS = (
@@ -51,7 +52,9 @@ def normalize_preprocessing(model: keras.Model, preprocessing: dict | None) -> d
     the model's input size and channels, mean 0, std 1, pixel_scale 255,
     bilinear, no crop, both sides scaled, no antialiasing.
     """
-    height, width, channels = (int(d) for d in model.inputs[0].shape[1:])
+    # A dynamic-size model's nominal size: that of its position embedding.
+    height, width = nominal_image_size(model)
+    channels = int(model.inputs[0].shape[-1])
     given = dict(preprocessing or {})
     if "channels" in given:
         given.setdefault("num_channels", given.pop("channels"))

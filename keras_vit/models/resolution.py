@@ -8,6 +8,7 @@ import math
 import keras
 import numpy as np
 
+from keras_vit.models import position
 from keras_vit.models.layers import PatchEncoder
 from keras_vit.models.vit import image_hw
 
@@ -34,7 +35,7 @@ def resample_position_embedding(
         `(1, num_prefix_tokens + new_rows * new_cols, hidden_dim)`, float32.
         With an unchanged grid the input comes back unchanged.
     """
-    if method not in ("bicubic", "bilinear"):
+    if method not in position.INTERPOLATIONS:
         raise ValueError(f"`method` must be 'bicubic' or 'bilinear', got {method!r}.")
     table = np.asarray(pos_embedding, dtype="float32")
     if table.ndim == 2:
@@ -44,8 +45,7 @@ def resample_position_embedding(
             "pos_embedding must have shape (1, tokens, hidden_dim), got "
             f"{np.shape(pos_embedding)}."
         )
-    prefix, grid = table[:, :num_prefix_tokens], table[:, num_prefix_tokens:]
-    num_patches, hidden_dim = grid.shape[1], grid.shape[2]
+    num_patches = table.shape[1] - num_prefix_tokens
     if old_grid is None:
         side = math.isqrt(num_patches)
         if side * side != num_patches:
@@ -63,12 +63,11 @@ def resample_position_embedding(
         )
     if new_grid == old_grid:
         return table
-    image = grid.reshape(1, *old_grid, hidden_dim)
-    resized = keras.ops.image.resize(
-        image, new_grid, interpolation=method, antialias=False
+    # The function a dynamic-size model runs in its graph.
+    resized = position.interpolate_position_embedding(
+        table, old_grid, new_grid, num_prefix_tokens, method
     )
-    resized = np.asarray(resized, dtype="float32").reshape(1, -1, hidden_dim)
-    return np.concatenate([prefix, resized], axis=1)
+    return np.asarray(resized, dtype="float32")
 
 
 def _patch_encoder(model: keras.Model) -> PatchEncoder:
@@ -82,6 +81,41 @@ def _patch_encoder(model: keras.Model) -> PatchEncoder:
     return layer
 
 
+def is_dynamic_size(model: keras.Model) -> bool:
+    """Whether `model` takes images of any size (`ViT(dynamic_size=True)`)."""
+    return None in tuple(model.inputs[0].shape[1:3])
+
+
+def input_stride(model: keras.Model) -> tuple[int, int]:
+    """Pixels per patch-grid cell, `(rows, cols)`: the patch size of a ViT,
+    the stem's output stride of a hybrid. Image sizes must be multiples."""
+    encoder = _patch_encoder(model)
+    if encoder.grid_size is None:
+        raise ValueError("The model's patch_encoder has no grid_size.")
+    height, width = nominal_image_size(model)
+    return height // encoder.grid_size[0], width // encoder.grid_size[1]
+
+
+def nominal_image_size(model: keras.Model) -> tuple[int, int]:
+    """The input size of a fixed-size model; for a dynamic-size one, the size
+    its position embedding is made for (`image_size` when it was built),
+    which its preprocessing and bytes signature use."""
+    height, width = model.inputs[0].shape[1:3]
+    if height is not None and width is not None:
+        return int(height), int(width)
+    grid = _patch_encoder(model).grid_size
+    patches = model.get_layer("patches")
+    if patches.input is model.inputs[0]:
+        stride = (patches.patch_size, patches.patch_size)
+    else:
+        # A hybrid's stem: its output size for a probe input gives the stride.
+        stem = keras.Model(model.inputs[0], patches.input)
+        probe = 64 * grid[0], 64 * grid[1]
+        out = stem.compute_output_shape((1, *probe, model.inputs[0].shape[-1]))
+        stride = (probe[0] // out[1], probe[1] // out[2])
+    return grid[0] * stride[0], grid[1] * stride[1]
+
+
 def with_image_size(
     model: keras.Model, image_size: int | tuple[int, int], method: str = "bicubic"
 ) -> keras.Model:
@@ -90,11 +124,11 @@ def with_image_size(
     Every weight is copied; the learned position embedding is resampled to
     the new patch grid (prefix tokens kept). The new size must give a whole
     number of patches at the model's stride (patch size, or CNN stride times
-    1 for a hybrid).
+    1 for a hybrid). A dynamic-size model comes back as a fixed-size one.
     """
     height, width = image_hw(image_size)
     encoder = _patch_encoder(model)
-    old_h, old_w = model.input_shape[1:3]
+    old_h, old_w = nominal_image_size(model)
     old_grid = encoder.grid_size
     if old_grid is None:
         raise ValueError("The model's patch_encoder has no grid_size to resample from.")
@@ -147,4 +181,10 @@ def with_image_size(
     return resized
 
 
-__all__ = ["resample_position_embedding", "with_image_size"]
+__all__ = [
+    "input_stride",
+    "is_dynamic_size",
+    "nominal_image_size",
+    "resample_position_embedding",
+    "with_image_size",
+]

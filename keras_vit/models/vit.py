@@ -112,8 +112,8 @@ def resolve_architecture(variant: str, image_size, options: dict):
     return arch, (height, width), rest
 
 
-def image_input(height: int, width: int, num_channels: int):
-    """The builders' `keras.Input` named `images`."""
+def image_input(height: int | None, width: int | None, num_channels: int):
+    """The builders' `keras.Input` named `images` (None sides: any size)."""
     if (
         isinstance(num_channels, bool)
         or not isinstance(num_channels, int)
@@ -325,6 +325,7 @@ def ViT(
     *,
     num_channels: int = 3,
     name: str | None = None,
+    dynamic_size: bool = False,
     **options,
 ) -> keras.Model:
     """Builds a Vision Transformer as a functional `keras.Model`.
@@ -333,9 +334,20 @@ def ViT(
         variant: `"<size>/<patch>"` with size in `VARIANTS` (Ti, S, B, L, H),
             e.g. `"B/16"`.
         image_size: int or `(height, width)`; both divisible by the patch size.
+            With `dynamic_size=True`, the size the position embedding is made
+            for (its weights are those of a fixed model of this size).
         num_classes: int, size of the classification head.
         num_channels: int, image channels.
         name: model name; defaults to e.g. `"vit_b16"`.
+        dynamic_size: bool, accept images of any height and width that are
+            multiples of the patch size, `(batch, None, None, num_channels)`.
+            At another size than `image_size` the learned position embedding
+            is resampled in the graph exactly as `with_image_size` resamples
+            it offline (bicubic), a sin-cos one computed for the actual grid;
+            at `image_size` the model computes what the fixed one does. Under
+            XLA (`jit_compile=True`) every new input shape (size or batch)
+            traces and compiles the function once more; a shape seen before
+            reuses its compiled program.
         **options: the `ARCHITECTURE_KEYS` (`patch_size`, `hidden_dim`,
             `num_layers`, `num_heads`, `mlp_dim`) override the variant's
             table entry; the others go to `build_transformer`: `include_top`,
@@ -359,8 +371,12 @@ def ViT(
     p = arch.pop("patch_size")
     if name is None:
         name = f"vit_{variant.split('/')[0].lower()}{p}"
-    inputs = image_input(height, width, num_channels)
-    patches = Patches(p, name="patches")(inputs)
+    if not isinstance(dynamic_size, bool):
+        raise ValueError(f"`dynamic_size` must be True or False, got {dynamic_size!r}.")
+    # Patches on their grid tell the encoder each image's grid.
+    spatial = (None, None) if dynamic_size else (height, width)
+    inputs = image_input(*spatial, num_channels)
+    patches = Patches(p, flatten=not dynamic_size, name="patches")(inputs)
     return build_transformer(
         inputs,
         patches,
