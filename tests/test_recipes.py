@@ -64,6 +64,7 @@ NEEDS = {
     "finetune_digits": pretrained_for("finetune_digits"),
     "finetune_digits_probe": pretrained_for("finetune_digits_probe"),
     "prune_digits": pretrained_for("prune_digits"),
+    "qat_digits": pretrained_for("qat_digits"),
     "distill_digits": teacher_for("distill_digits"),
 }
 

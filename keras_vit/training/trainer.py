@@ -25,6 +25,7 @@ from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import data as data_lib
 from keras_vit.training import distill as distill_lib
 from keras_vit.training import distribute, run_folder
+from keras_vit.training import qat as qat_lib
 from keras_vit.training.config import (
     ModelConfig,
     OptimConfig,
@@ -236,6 +237,19 @@ def _export(model, config, labels, preprocessing, image_size) -> dict:
     return result if isinstance(result, dict) else {"path": str(result)}
 
 
+def _write_qat(qat_model, config, metadata, run_dir, size) -> dict:
+    train = data_lib.make_train_dataset(config.data, size, 64, config.seed)
+    held_out = data_lib.make_eval_dataset(config.data, size, 256)
+    return qat_lib.write_tflite(
+        qat_model,
+        run_dir,
+        metadata["labels"],
+        metadata["preprocessing"],
+        _raw_pixels(config, train, 512),
+        _raw_pixels(config, held_out, 2000),
+    )
+
+
 def train(config: TrainConfig) -> dict:
     """Trains, evaluates on the held-out split, saves and (with
     `export_name`) exports; a rerun of the same config resumes from the last
@@ -343,9 +357,15 @@ def _run(config, settings, run_dir, strategy, chief, clock, config_changes) -> d
         allowed_config_changes=config_changes,
         paths={},
     )
+    if config.qat:
+        qat_lib.finish(model, fitted)
+        if chief:
+            metadata["qat"] = _write_qat(fitted, config, metadata, run_dir, size)
     if chief:
         _write_outputs(model, config, metadata, run_dir, size)
     metadata["model"] = model
+    if config.qat:
+        metadata["qat_model"] = fitted
     return metadata
 
 
@@ -362,7 +382,7 @@ def _restore(config, strategy, stages, num_classes, run_dir):
         model = build_model(
             config, num_classes, stages[_stage_of_checkpoint(stages, latest)][2]
         )
-        fitted = distill_lib.wrap(model, config)
+        fitted = distill_lib.wrap(qat_lib.wrap(model, config), config)
         _compile(fitted, config, strategy, 0)
     return model, fitted, checkpoint_lib.restore_latest(checkpoints, fitted)
 
@@ -379,7 +399,7 @@ def _fit_stages(model, fitted, config, strategy, stages, step, run_dir, chief):
         if tuple(model.input_shape[1:3]) != (size, size):
             with strategy.scope():
                 model = with_image_size(model, size)
-                fitted = distill_lib.wrap(model, config)
+                fitted = distill_lib.wrap(qat_lib.wrap(model, config), config)
                 _compile(fitted, config, strategy, step)
         train_ds = data_lib.make_train_dataset(
             config.data, size, config.batch_size, config.seed, start_step=step
