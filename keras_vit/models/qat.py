@@ -36,6 +36,7 @@ from keras_vit.models.sublayers import register
 # Softmax outputs in TFLite int8 are fixed to scale 1/256, zero point -128;
 # this range gives exactly that, so the converter adds no requantization.
 PROBABILITY_RANGE = (0.0, 255.0 / 256.0)
+MIN_RANGE = 1e-3
 
 
 @register
@@ -69,7 +70,8 @@ class ActivationQuantizer(keras.layers.Layer):
         self.fixed_range = fixed_range
 
     def build(self, input_shape):
-        low, high = self.fixed_range or (0.0, 0.0)
+        # TFMOT's initial range; replaced by the first training batch.
+        low, high = self.fixed_range or (-6.0, 6.0)
         # float32 whatever the policy: the ranges are what the converter reads.
         self.range_min = self.add_weight(
             shape=(),
@@ -106,7 +108,10 @@ class ActivationQuantizer(keras.layers.Layer):
         # The range must hold 0 so that zero padding and ReLU-like zeros stay
         # exact (the int8 zero point).
         batch_min = ops.minimum(ops.min(values), 0.0)
-        batch_max = ops.maximum(ops.max(values), 0.0)
+        # An all-zero tensor (a fresh zero-initialised head) would give an
+        # empty range, which fake quantization and the converter turn into
+        # NaN or a zero scale.
+        batch_max = ops.maximum(ops.max(values), batch_min + MIN_RANGE)
         first = ops.equal(self.observed_batches, 0.0)
         decay = self.ema_decay
         low = ops.where(
@@ -160,10 +165,12 @@ class QATDense(keras.layers.Dense):
     converting = False
 
     def call(self, inputs, training=None):
-        leading = tuple(
-            ops.shape(inputs)[i] if d is None else d
-            for i, d in enumerate(inputs.shape[:-1])
-        )
+        leading = (-1, *inputs.shape[1:-1])
+        if None in inputs.shape[1:-1]:
+            leading = tuple(
+                ops.shape(inputs)[i] if d is None else d
+                for i, d in enumerate(inputs.shape[:-1])
+            )
         x = self.input_quantizer(inputs, training=training)
         # A 2-D product: on 3-D inputs TF's Tensordot transposes the
         # per-channel int8 kernel, which the TFLite converter refuses
