@@ -65,6 +65,7 @@ NEEDS = {
     "finetune_digits_probe": pretrained_for("finetune_digits_probe"),
     "finetune_digits_lora": pretrained_for("finetune_digits_lora"),
     "prune_digits": pretrained_for("prune_digits"),
+    "qat_digits": pretrained_for("qat_digits"),
     "distill_digits": teacher_for("distill_digits"),
 }
 

@@ -167,10 +167,14 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
             q = q[:, :queries]
         # Scaling q before the product keeps float16 logits in range.
         q = q * ops.cast(head_dim**-0.5, q.dtype)
-        logits = ops.matmul(q, ops.transpose(k, (0, 2, 1)))
+        logits = self._attention_matmul(
+            q, ops.transpose(k, (0, 2, 1)), "logits", training=training
+        )
         probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
         probs = self.probs_dropout(probs, training=training)
-        out = ops.matmul(ops.cast(probs, v.dtype), v)
+        out = self._attention_matmul(
+            ops.cast(probs, v.dtype), v, "context", training=training
+        )
         out = ops.transpose(
             ops.reshape(out, (-1, heads, queries, head_dim)), (0, 2, 1, 3)
         )
@@ -180,6 +184,11 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         if return_attention_scores:
             return out, ops.reshape(probs, (-1, heads, queries, num_tokens))
         return out
+
+    def _attention_matmul(self, a, b, product: str, training=None):
+        """`a @ b` for the `"logits"` and `"context"` products; the hook where
+        `keras_vit.models.qat` rounds their operands to int8."""
+        return ops.matmul(a, b)
 
     def get_config(self):
         config = {

@@ -88,9 +88,15 @@ class MLP(keras.layers.Layer):
         # On 2-D (tokens, features) TensorFlow's oneDNN rewrite fuses
         # MatMul + BiasAdd + exact GELU into one kernel; on the 3-D input it
         # is a BatchMatMul and GELU's erf runs as separate passes (README, Performance).
-        leading = tuple(
-            ops.shape(x)[i] if d is None else d for i, d in enumerate(x.shape[:-1])
-        )
+        # Only an unknown batch size is taken from the tensor: a shape op on
+        # `x` beside the reshape makes the TFLite converter keep the
+        # LayerNorm before it in float in a QAT model (`models.qat`).
+        dynamic = [d is None for d in x.shape[1:-1]]
+        leading = (-1, *x.shape[1:-1])
+        if any(dynamic):
+            leading = tuple(
+                ops.shape(x)[i] if d is None else d for i, d in enumerate(x.shape[:-1])
+            )
         h = ops.reshape(x, (-1, x.shape[-1]))
         h = ops.gelu(self.fc1(h), approximate=self.approximate_gelu)
         h = self.hidden_dropout(h, training=training)

@@ -182,6 +182,8 @@ class TrainConfig:
     # Resume a run folder although trajectory settings changed (recorded in
     # fingerprint.json and the run metadata); see training.run_folder.
     allow_config_change: bool = False
+    # Quantization-aware fine-tuning (keras_vit.training.qat).
+    qat: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -218,6 +220,13 @@ def validate(config: TrainConfig) -> TrainConfig:
     _validate_schedule(config)
     validate_data_config(config.data)
     _validate_distill(config.distill)
+    if config.qat not in (True, False):
+        raise ValueError(f"qat must be true or false, got {config.qat!r}.")
+    if config.qat and config.distill.teacher:
+        raise ValueError(
+            "qat does not combine with a teacher; got distill.teacher "
+            f"{config.distill.teacher!r} with qat=true."
+        )
     return config
 
 

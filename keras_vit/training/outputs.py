@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from keras_vit.training import data as data_lib
+from keras_vit.training import qat as qat_lib
 from keras_vit.training import run_folder
 from keras_vit.training.config import TrainConfig
 
@@ -87,6 +88,21 @@ def _export(model, config, labels, preprocessing, image_size) -> dict:
         quantize=config.export_quantize or None,
     )
     return result if isinstance(result, dict) else {"path": str(result)}
+
+
+def write_qat(qat_model, config, metadata, run_dir, size) -> dict:
+    """The QAT run's full-int8 `.tflite`, calibrated on training images and
+    checked against the QAT model on the held-out split."""
+    train = data_lib.make_train_dataset(config.data, size, 64, config.seed)
+    held_out = data_lib.make_eval_dataset(config.data, size, 256)
+    return qat_lib.write_tflite(
+        qat_model,
+        run_dir,
+        metadata["labels"],
+        metadata["preprocessing"],
+        _raw_pixels(config, train, 512),
+        _raw_pixels(config, held_out, 2000),
+    )
 
 
 def write_outputs(model, config, metadata, run_dir, size) -> None:

@@ -24,6 +24,7 @@ from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import data as data_lib
 from keras_vit.training import distill as distill_lib
 from keras_vit.training import distribute, run_folder
+from keras_vit.training import qat as qat_lib
 from keras_vit.training.config import (
     ModelConfig,
     OptimConfig,
@@ -45,6 +46,7 @@ from keras_vit.training.outputs import (  # noqa: F401  plot_history: re-exporte
     has_tensorboard,
     plot_history,
     write_outputs,
+    write_qat,
 )
 
 __all__ = [
@@ -274,12 +276,18 @@ def _run(config, settings, run_dir, strategy, chief, clock, config_changes) -> d
         allowed_config_changes=config_changes,
         paths={},
     )
+    if config.qat:
+        qat_lib.finish(model, fitted)
+        if chief:
+            metadata["qat"] = write_qat(fitted, config, metadata, run_dir, size)
     if config.model.lora_rank:
         # Saved, exported and returned as an ordinary model.
         model = merge_lora(model)
     if chief:
         write_outputs(model, config, metadata, run_dir, size)
     metadata["model"] = model
+    if config.qat:
+        metadata["qat_model"] = fitted
     return metadata
 
 
@@ -296,7 +304,7 @@ def _restore(config, strategy, stages, num_classes, run_dir):
         model = build_model(
             config, num_classes, stages[_stage_of_checkpoint(stages, latest)][2]
         )
-        fitted = distill_lib.wrap(model, config)
+        fitted = distill_lib.wrap(qat_lib.wrap(model, config), config)
         _compile(fitted, config, strategy, 0)
     step = checkpoint_lib.restore_latest(checkpoints, fitted)
     if step and config.model.lora_rank:
@@ -317,7 +325,7 @@ def _fit_stages(model, fitted, config, strategy, stages, step, run_dir, chief):
         if tuple(model.input_shape[1:3]) != (size, size):
             with strategy.scope():
                 model = with_image_size(model, size)
-                fitted = distill_lib.wrap(model, config)
+                fitted = distill_lib.wrap(qat_lib.wrap(model, config), config)
                 _compile(fitted, config, strategy, step)
         train_ds = data_lib.make_train_dataset(
             config.data, size, config.batch_size, config.seed, start_step=step
