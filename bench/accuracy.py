@@ -134,18 +134,23 @@ def _finished(config) -> dict | None:
     and how often it evaluates) in its run folder: runs started in parallel
     processes (`--rows`, `--seeds`, the same `ACCURACY_RUNS`) are collected
     by a later call instead of retrained."""
-    from keras_vit.training import trainer
+    import dataclasses
 
     run_dir = Path(config.run_dir)
     if not (run_dir / "metadata.json").is_file():
         return None
     stored = json.loads((run_dir / "config.json").read_text())
-    wanted = json.loads(json.dumps(trainer._as_dict(config)))
+    wanted = json.loads(json.dumps(dataclasses.asdict(config)))
+    wanted["data"].pop("arrays", None)  # as run_folder writes config.json
     # Keys that do not change the training (where it writes, what it prints,
     # how often it evaluates on the side).
     for key in ("run_dir", "verbose", "eval_every", "export_name", "export_root"):
         stored.pop(key, None)
         wanted.pop(key, None)
+    # "auto" settings are stored as what they resolved to on that machine.
+    for key in [k for k, v in wanted.items() if v == "auto"]:
+        stored.pop(key, None)
+        wanted.pop(key)
     if stored != wanted:
         return None
     metadata = json.loads((run_dir / "metadata.json").read_text())

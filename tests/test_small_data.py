@@ -166,6 +166,22 @@ def test_accuracy_bench_quick_writes_every_row(tmp_path):
         assert row["parameters"] > 0
         assert (tmp_path / "runs" / "digits").is_dir()
     assert "| small CNN (keras.layers) |" in proc.stdout
+    # A second call with --only-finished trains nothing: it reads the same
+    # runs back from $ACCURACY_RUNS (the config stored by each run matches).
+    again = tmp_path / "again.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/accuracy.py", "--quick", "--dataset", "digits"]
+        + ["--out", str(again), "--only-finished", "--rows", "vit", "cnn"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "ACCURACY_RUNS": str(tmp_path / "runs")},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    collected = {row["kind"]: row for row in json.loads(again.read_text())["rows"]}
+    for kind in ("vit", "cnn"):
+        assert collected[kind]["accuracies"] == rows[kind]["accuracies"]
 
 
 def test_train_script_without_mlxtend_says_how_to_install(
