@@ -2,7 +2,7 @@
 after fine-tuning), parameters, MACs and float32 TFLite batch-1 latency.
 
     keras-vit train digits        # runs/digits/model.keras, the model pruned
-    python bench/prune_digits.py --json bench/results/prune_digits.json
+    python bench/prune_digits.py --seeds 0,1,2 --json bench/results/prune_digits.json
 
 Fraction 0 is the unpruned model fine-tuned with the same steps (and the
 same teacher), so every row has had the same training. Each fine-tuning seed

@@ -2,14 +2,20 @@
 
     keras-vit train digits                   # the model to prune: runs/digits/
     keras-vit prune --recipe prune_digits --fraction 0.25 --output pruned.keras
-    python bench/prune_digits.py             # the README table
+    python bench/prune_digits.py --seeds 0,1,2   # the README table
 
 `keras-vit prune` scores every head and MLP unit on 256 training images
 (Taylor importance, `keras_vit.training.pruning`), removes the lowest
 fraction of each across all blocks, and fine-tunes this config's
-`total_steps` steps at a quarter of the digits peak rate; the result is an
+`total_steps` steps at a quarter of the digits peak rate, with the digits
+augmentation and the unpruned model as a soft teacher; the result is an
 ordinary keras_vit `.keras` model with fewer heads and narrower MLPs.
-Measured figures: README, "Smaller and faster models".
+Measured (unpruned digits model 1.0000 held out; fine-tuning seeds 0, 1, 2;
+bench/results/prune_digits.json): 25% removed, 0.9917 / 0.9861 / 0.9889
+after fine-tuning (mean 0.9889), against 0.9944 / 0.9944 / 1.0000 for the
+unpruned model fine-tuned alike: 0.74 points below it, not within 0.5.
+50% removed: 0.9833 / 0.9750 / 0.9889. Full table: README, "Smaller and faster
+models".
 
 `keras-vit train prune_digits` alone fine-tunes the unpruned model with these
 settings (the same steps, for a like-for-like baseline).
