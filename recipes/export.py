@@ -173,7 +173,7 @@ def export(args):
         verify, _ = digits_pixels(preprocessing["image_size"], split="eval")
     elif args.calibration:
         representative = folder_pixels(args.calibration, preprocessing)
-    kinds = tflite.KINDS if args.tflite is None else args.tflite.split(",")
+    kinds = tflite.DEFAULT_KINDS if args.tflite is None else args.tflite.split(",")
     if representative is None and args.tflite is None:
         kinds = [k for k in kinds if k != "int8"]
         print("int8 left out: it needs --calibration (digits or an image folder)")

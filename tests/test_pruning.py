@@ -158,3 +158,37 @@ def test_prune_command_writes_a_smaller_model(tmp_path, capsys):
     assert sum(report["heads"]) == 6 and sum(report["mlp_dims"]) == 2 * 768 * 3 // 4
     assert pruned.count_params() == report["params"] < report["source_params"]
     assert 0.0 <= report["accuracy_finetuned"] <= 1.0
+
+
+def test_finetune_learns_from_the_recipe_teacher(tmp_path):
+    import dataclasses
+
+    from keras_vit.training.recipes import load_recipe
+
+    model = ViT(
+        "Ti/4", 16, 10, num_channels=1, hidden_dim=32, num_layers=1, num_heads=2
+    )
+    model.save(tmp_path / "teacher.keras")
+    config = load_recipe("prune_digits", {"model.pretrained": ""})
+    before = [w.numpy() for w in model.trainable_weights]
+    # Teaching itself with the whole loss on the soft targets, the model's KL
+    # to the teacher and its gradient are zero: no weight may move. Without
+    # the teacher the same steps follow the labels and do move them.
+    taught = dataclasses.replace(
+        config,
+        distill=dataclasses.replace(
+            config.distill, teacher=str(tmp_path / "teacher.keras"), weight=1.0
+        ),
+    )
+    pruning.finetune(model, taught, steps=2)
+    for old, new in zip(before, model.trainable_weights, strict=True):
+        np.testing.assert_array_equal(old, new.numpy())
+    untaught = dataclasses.replace(
+        config, distill=dataclasses.replace(config.distill, teacher="")
+    )
+    pruning.finetune(model, untaught, steps=2)
+    moved = [
+        not np.array_equal(old, new.numpy())
+        for old, new in zip(before, model.trainable_weights, strict=True)
+    ]
+    assert any(moved)

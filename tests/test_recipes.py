@@ -44,6 +44,17 @@ def pretrained_for(recipe):
     return make
 
 
+def pretrained_and_teacher_for(recipe):
+    """`model.pretrained`, which is also the `distill.teacher` (prune_digits
+    distils the pruned model from the unpruned one)."""
+
+    def make(tmp):
+        overrides = pretrained_for(recipe)(tmp)
+        return {**overrides, "distill.teacher": overrides["model.pretrained"]}
+
+    return make
+
+
 def teacher_for(recipe):
     """A distillation recipe's `distill.teacher`: an untrained small CNN."""
 
@@ -64,7 +75,7 @@ NEEDS = {
     "finetune_digits": pretrained_for("finetune_digits"),
     "finetune_digits_probe": pretrained_for("finetune_digits_probe"),
     "finetune_digits_lora": pretrained_for("finetune_digits_lora"),
-    "prune_digits": pretrained_for("prune_digits"),
+    "prune_digits": pretrained_and_teacher_for("prune_digits"),
     "qat_digits": pretrained_for("qat_digits"),
     "distill_digits": teacher_for("distill_digits"),
 }

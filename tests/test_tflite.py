@@ -10,7 +10,7 @@ from test_export import exported, keras_outputs, raw_pixels  # noqa: F401
 
 from keras_vit.deploy import tflite
 from keras_vit.deploy.tflite import (
-    KINDS,
+    DEFAULT_KINDS,
     Runner,
     check_builtin_only,
     file_name,
@@ -23,7 +23,9 @@ def outputs(exported):  # noqa: F811
     """Every kind's outputs on the 360 held-out images, and Keras'."""
     root, _, model, x_test, _, _ = exported
     pixels = raw_pixels(x_test)
-    got = {kind: Runner(root / file_name("digits", kind))(pixels) for kind in KINDS}
+    got = {
+        kind: Runner(root / file_name("digits", kind))(pixels) for kind in DEFAULT_KINDS
+    }
     return got, keras_outputs(model, x_test)
 
 
@@ -87,7 +89,7 @@ def test_full_integer_file_computes_in_int8(exported):  # noqa: F811
 
 def test_no_flex_ops_in_any_file(exported):  # noqa: F811
     root, metadata = exported[:2]
-    for kind in KINDS:
+    for kind in DEFAULT_KINDS:
         ops = check_builtin_only(root / file_name("digits", kind))
         assert "FULLY_CONNECTED" in ops and "SOFTMAX" in ops
         assert not [op for op in ops if op.startswith("CUSTOM")]
@@ -166,7 +168,10 @@ def test_nan_pixel_gives_nan_for_that_image_only(exported, kind):  # noqa: F811
 
 def test_file_sizes_reported(exported):  # noqa: F811
     root, metadata = exported[:2]
-    sizes = {kind: (root / file_name("digits", kind)).stat().st_size for kind in KINDS}
+    sizes = {
+        kind: (root / file_name("digits", kind)).stat().st_size
+        for kind in DEFAULT_KINDS
+    }
     for kind, size in sizes.items():
         assert metadata["files"][file_name("digits", kind)] == size
     assert sizes["float16"] < 0.7 * sizes["float32"]

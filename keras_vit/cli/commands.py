@@ -3,6 +3,7 @@ call into the package."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -311,6 +312,11 @@ def cmd_prune(args) -> int:
     source = args.model or config.model.pretrained
     if not source or not Path(source).is_file():
         raise ValueError(f"model {source!r} is not a .keras file.")
+    if config.distill.teacher and config.distill.teacher == config.model.pretrained:
+        # The recipe's teacher is the unpruned model: it follows --model.
+        config = dataclasses.replace(
+            config, distill=dataclasses.replace(config.distill, teacher=source)
+        )
     model = keras.saving.load_model(source, compile=False)
     head = args.fraction if args.head_fraction is None else args.head_fraction
     mlp = args.fraction if args.mlp_fraction is None else args.mlp_fraction

@@ -118,8 +118,8 @@ def _add_export(command) -> None:
     export.add_argument(
         "--tflite",
         help="comma-separated kinds (float32, float16, "
-        "dynamic_int8, int8); default: all, int8 only with "
-        "--representative; '' for none",
+        "dynamic_int8, int8, int16x8); default: all but int16x8, int8 only "
+        "with --representative; '' for none",
     )
     export.add_argument(
         "--representative",

@@ -11,6 +11,7 @@ Layout written by `export_model(model, "digits")` under `root`:
     <root>/digits.keras            the Keras model
     <root>/digits.tflite           float32; also digits_float16.tflite,
                                    digits_dynamic_int8.tflite, digits_int8.tflite
+                                   (and digits_int16x8.tflite when asked for)
 
 The signatures are built in `keras_vit.deploy.signatures`.
 
@@ -32,6 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.deploy import int16
 from keras_vit.deploy import tflite as tflite_lib
 from keras_vit.deploy.checks import PIXEL_RANGE_SLACK
 from keras_vit.deploy.serving import (
@@ -148,7 +150,7 @@ def export_model(
     labels: list[str] | None = None,
     preprocessing: dict | None = None,
     representative_images=None,
-    tflite=tflite_lib.KINDS,
+    tflite=tflite_lib.DEFAULT_KINDS,
     verify_images=None,
     variant: str | None = None,
     top_k: int = 5,
@@ -169,8 +171,9 @@ def export_model(
         preprocessing: see `normalize_preprocessing`; what turns raw pixels
             into the model's input.
         representative_images: raw pixel images `(n, h, w, C)` from the
-            training data; required for the `"int8"` TFLite kind.
-        tflite: TFLite kinds to write, a subset of `tflite.KINDS`.
+            training data; required for the `"int8"` and `"int16x8"` kinds.
+        tflite: TFLite kinds to write, a subset of `tflite.KINDS` (default
+            `tflite.DEFAULT_KINDS`; `"int16x8"` only when named).
         verify_images: raw pixel images on which every artifact is compared
             with the Keras model; default: `representative_images`, else 16
             seeded random images. The figures go into the metadata.
@@ -267,11 +270,12 @@ def _images(representative_images, verify_images, preprocessing, kinds):
         representative = _pixel_batch(
             representative_images, preprocessing, "representative_images"
         )
-    if "int8" in kinds and representative is None:
+    calibrated = [k for k in kinds if k in tflite_lib.CALIBRATED_KINDS]
+    if calibrated and representative is None:
         raise ValueError(
-            "The 'int8' TFLite kind needs representative_images (raw pixel images "
-            "from the training data) to calibrate; pass them or leave 'int8' out "
-            f"of tflite={list(kinds)}."
+            f"The {calibrated[0]!r} TFLite kind needs representative_images (raw "
+            "pixel images from the training data) to calibrate; pass them or "
+            f"leave {calibrated[0]!r} out of tflite={list(kinds)}."
         )
     if verify_images is not None:
         return representative, _pixel_batch(
@@ -352,14 +356,8 @@ def _write_version(
     tflite_files = {}
     try:
         signature_spec = metadata["signatures"][BYTES_SIGNATURE]
-        write_saved_model(
-            model,
-            partial,
-            labels,
-            preprocessing,
-            signature_spec["top_k"],
-            signature_spec["max_pixels"],
-        )
+        limits = {k: signature_spec[k] for k in ("top_k", "max_pixels")}
+        write_saved_model(model, partial, labels, preprocessing, **limits)
         write_warmup_requests(partial, name, verify[0], preprocessing)
         loaded = tf.saved_model.load(str(partial))
         signature = loaded.signatures["serving_default"]
@@ -367,7 +365,13 @@ def _write_version(
         metadata["parity"]["saved_model"] = _parity(reference, served)
         del loaded
         for kind in kinds:
-            content = tflite_lib.convert(partial, kind, representative)
+            source = partial
+            if kind == "int16x8":
+                source = partial / "int16x8_source"
+                int16.write_source(model, source, labels, preprocessing, **limits)
+            content = tflite_lib.convert(source, kind, representative)
+            if source != partial:
+                shutil.rmtree(source)
             ops = tflite_lib.check_builtin_only(content)
             outputs = _in_batches(tflite_lib.Runner(content), verify)
             metadata["parity"][f"tflite_{kind}"] = _parity(reference, outputs)

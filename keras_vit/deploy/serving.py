@@ -283,7 +283,7 @@ def find_metadata(model_path) -> Path:
         candidates += [path / "assets" / "metadata.json", path / "metadata.json"]
     else:
         stem = path.stem
-        for kind in ("float16", "dynamic_int8", "int8"):
+        for kind in ("float16", "dynamic_int8", "int8", "int16x8"):
             if path.suffix == ".tflite" and stem.endswith(f"_{kind}"):
                 stem = stem[: -len(kind) - 1]
         candidates += [path.parent / stem / "metadata.json"]

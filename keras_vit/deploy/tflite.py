@@ -1,12 +1,15 @@
 """TFLite files from an exported SavedModel, builtin ops only, run with LiteRT.
 
-Four kinds (`KINDS`): `float32`; `float16` (weights stored as float16,
+Five kinds (`KINDS`): `float32`; `float16` (weights stored as float16,
 computed in float32); `dynamic_int8` (int8 weights, activations quantized on
 the fly); `int8` (full-integer: weights and activations int8, calibrated on a
-representative set of raw pixel images). Every kind keeps the SavedModel's
+representative set of raw pixel images); `int16x8` (int16 activations, int8
+weights, calibrated the same way; converted from the graph
+`keras_vit.deploy.int16` writes, and not exported unless asked for:
+`DEFAULT_KINDS` are the other four). Every kind keeps the SavedModel's
 `serving_default` interface: float32 raw pixels `(batch, H, W, C)` in, float32
-`logits` / `probabilities` out, so the same client code runs all four; `int8`
-quantizes at its input and dequantizes at its outputs.
+`logits` / `probabilities` out, so the same client code runs all of them; the
+integer kinds quantize at their input and dequantize at their outputs.
 
 Conversion goes through `tf.lite.TFLiteConverter.from_saved_model` (the Keras 3
 `from_keras_model` path is broken) with `TFLITE_BUILTINS` (or
@@ -25,6 +28,7 @@ the output looks like an ordinary prediction, so check before you call.
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -33,12 +37,15 @@ import tensorflow as tf
 
 from keras_vit.deploy.checks import check_pixel_batch
 
-KINDS = ("float32", "float16", "dynamic_int8", "int8")
+KINDS = ("float32", "float16", "dynamic_int8", "int8", "int16x8")
+DEFAULT_KINDS = ("float32", "float16", "dynamic_int8", "int8")
+CALIBRATED_KINDS = ("int8", "int16x8")
 SIGNATURE = "serving_default"
 # At most this many representative images calibrate the int8 ranges (evenly
 # spaced through the set beyond it). On the digits model, 300 random images
 # gave 98.9-100% top-1 agreement depending on the draw, all 1,437 gave 99.7%.
 MAX_CALIBRATION_IMAGES = 2000
+_NO_16X8_KERNEL = re.compile(r"16x8-bit not yet supported for op: '(\w+)'")
 
 
 def file_name(name: str, kind: str) -> str:
@@ -58,8 +65,9 @@ def check_kinds(kinds) -> tuple[str, ...]:
 
 def convert(saved_model_dir, kind: str, representative_pixels=None) -> bytes:
     """Converts the SavedModel's `serving_default` signature to a `.tflite`
-    flatbuffer of `kind`; `int8` needs `representative_pixels`, raw pixel images
-    `(n, H, W, C)` like the ones it will see."""
+    flatbuffer of `kind`; `int8` and `int16x8` need `representative_pixels`,
+    raw pixel images `(n, H, W, C)` like the ones it will see. `int16x8` needs
+    a SavedModel written by `keras_vit.deploy.int16.write_source`."""
     check_kinds(kind)
     converter = tf.lite.TFLiteConverter.from_saved_model(
         str(saved_model_dir), signature_keys=[SIGNATURE]
@@ -69,10 +77,10 @@ def convert(saved_model_dir, kind: str, representative_pixels=None) -> bytes:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if kind == "float16":
         converter.target_spec.supported_types = [tf.float16]
-    if kind == "int8":
+    if kind in CALIBRATED_KINDS:
         if representative_pixels is None or len(representative_pixels) == 0:
             raise ValueError(
-                "Full-integer int8 conversion needs representative_images: raw "
+                f"Full-integer {kind} conversion needs representative_images: raw "
                 "pixel images (n, height, width, channels) from the training data."
             )
         calibration = np.asarray(representative_pixels, dtype="float32")
@@ -85,11 +93,26 @@ def convert(saved_model_dir, kind: str, representative_pixels=None) -> bytes:
                 yield {"pixels": image[None]}
 
         converter.representative_dataset = representative_dataset
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        ops_set = tf.lite.OpsSet
+        converter.target_spec.supported_ops = [
+            ops_set.TFLITE_BUILTINS_INT8
+            if kind == "int8"
+            else ops_set.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+        ]
     with warnings.catch_warnings():
         # int8 calibration runs TF's own deprecated tf.lite.Interpreter inside.
         warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")
-        return converter.convert()
+        try:
+            return converter.convert()
+        except Exception as error:
+            missing = sorted(set(_NO_16X8_KERNEL.findall(str(error))))
+            if kind != "int16x8" or not missing:
+                raise
+            raise ValueError(
+                f"int16x8 conversion failed: ops {missing} have no 16x8 kernel. "
+                "Convert a SavedModel written by keras_vit.deploy.int16."
+                "write_source (export_model does), which rewrites LayerNorm."
+            ) from None
 
 
 def _operator_names() -> dict[int, str]:

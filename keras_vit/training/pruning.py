@@ -26,6 +26,7 @@ import tensorflow as tf
 from keras_vit.analysis.flops import count_macs
 from keras_vit.models.layers import TransformerBlock
 from keras_vit.training import data as data_lib
+from keras_vit.training import distill as distill_lib
 from keras_vit.training.config import TrainConfig
 from keras_vit.training.optimizer import make_optimizer
 
@@ -260,14 +261,17 @@ def held_out_accuracy(model: keras.Model, config: TrainConfig) -> float:
 
 def finetune(model: keras.Model, config: TrainConfig, steps: int) -> keras.Model:
     """`steps` of the config's optimizer (its schedule squeezed to `steps`)
-    on the training stream; the model is trained in place."""
+    on the training stream; the model is trained in place. With a
+    `distill.teacher` (the unpruned model is the natural one) the pruned
+    model learns from labels and the teacher (`keras_vit.training.distill`)."""
     warmup = min(config.optim.warmup_steps, steps // 10)
     short = dataclasses.replace(
         config,
         total_steps=steps,
         optim=dataclasses.replace(config.optim, warmup_steps=warmup),
     )
-    model.compile(
+    fitted = distill_lib.wrap(model, short)
+    fitted.compile(
         optimizer=make_optimizer(short, model),
         loss=keras.losses.CategoricalCrossentropy(
             from_logits=True, label_smoothing=config.optim.label_smoothing
@@ -276,7 +280,7 @@ def finetune(model: keras.Model, config: TrainConfig, steps: int) -> keras.Model
     dataset = data_lib.make_train_dataset(
         config.data, model.input_shape[1:3], config.batch_size, config.seed
     )
-    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+    fitted.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
     return model
 
 
