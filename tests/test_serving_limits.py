@@ -124,11 +124,12 @@ def test_decompression_bomb_refused_fast_naming_the_declared_size(served, fmt):
     seconds = min(_timed(refuse) for _ in range(3))
     small_seconds = min(_timed(lambda: classify(images=small)) for _ in range(3))
     assert len(bomb) < 500_000
-    assert seconds < 0.1, seconds
-    # Refusing reads the header only: no slower than answering a 16x16 image
-    # (x3 for timer noise); decoding 20000^2 pixels takes seconds.
-    assert seconds < 3 * small_seconds + 0.01, (seconds, small_seconds)
+    # Refusing reads the header only. The memory bound is the robust check:
+    # decoding 20000^2 pixels needs ~385 MiB more. The time bound is loose
+    # on purpose (a loaded machine slows the millisecond refusal several
+    # times): decoding takes ~3 s on a quiet core, refusing ~1 ms.
     assert growth < 50 * 2**20, growth
+    assert seconds < 0.5, (seconds, small_seconds)
 
 
 def _timed(fn) -> float:
