@@ -15,6 +15,17 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The digits recipe's preprocessing as exports and metadata record it: 8x8
+# digits resized to 16x16, pixels / 255 then normalised to [-1, 1].
+DIGITS_METADATA_PREPROCESSING = {
+    "image_size": [16, 16],
+    "num_channels": 1,
+    "mean": [0.5],
+    "std": [0.5],
+    "pixel_scale": 255.0,
+    "resize_method": "bilinear",
+}
+
 # Parity bounds between two float32 computations of the same network (Keras vs
 # its SavedModel, a TFLite file, the previous release, another batch size).
 # They differ only in how sums are ordered and fused (graph vs eager, oneDNN vs

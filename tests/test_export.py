@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import (
+    DIGITS_METADATA_PREPROCESSING,
     FLOAT32_PARITY,
     REPO,
     TFLITE_FLOAT32_PARITY,
@@ -276,14 +277,7 @@ def test_metadata_and_assets(exported):
     assert on_disk == json.loads(json.dumps(metadata))
     labels = (root / "digits" / "1" / "assets" / "labels.txt").read_text().split()
     assert labels == on_disk["labels"] == [str(i) for i in range(10)]
-    assert on_disk["preprocessing"] == {
-        "image_size": [16, 16],
-        "num_channels": 1,
-        "mean": [0.5],
-        "std": [0.5],
-        "pixel_scale": 255.0,
-        "resize_method": "bilinear",
-    }
+    assert on_disk["preprocessing"] == DIGITS_METADATA_PREPROCESSING
     arch = on_disk["architecture"]
     assert (arch["variant"], arch["patch_size"], arch["hidden_dim"]) == ("Ti/4", 4, 64)
     assert (arch["num_layers"], arch["num_heads"], arch["mlp_dim"]) == (2, 4, 128)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from ai_edge_litert.interpreter import Interpreter
-from helpers import FLOAT32_PARITY, assert_parity
+from helpers import DIGITS_METADATA_PREPROCESSING, FLOAT32_PARITY, assert_parity
 from test_export import (
     DIGITS_PREPROCESSING,
     digits_train_pixels,
@@ -18,14 +18,7 @@ from keras_vit.deploy.export import export_model
 from keras_vit.deploy.signatures import write_saved_model
 
 LABELS = [str(i) for i in range(10)]
-PREPROCESSING = {
-    "image_size": [16, 16],
-    "num_channels": 1,
-    "mean": [0.5],
-    "std": [0.5],
-    "pixel_scale": 255.0,
-    "resize_method": "bilinear",
-}
+PREPROCESSING = DIGITS_METADATA_PREPROCESSING
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FLOAT32_PARITY, REPO, TFLITE_FLOAT32_PARITY, parity_bound
+from helpers import (
+    DIGITS_METADATA_PREPROCESSING,
+    FLOAT32_PARITY,
+    REPO,
+    TFLITE_FLOAT32_PARITY,
+    parity_bound,
+)
 from PIL import Image
 
 from keras_vit.training import trainer as training
@@ -179,14 +185,7 @@ def test_default_recipe_at_900_steps_reaches_97_percent(
     # The time is printed, not asserted: the suite is not a benchmark, and a
     # loaded CI machine may take several times a quiet one.
     assert metadata["steps"] == 900
-    assert metadata["preprocessing"] == {
-        "image_size": [16, 16],
-        "num_channels": 1,
-        "mean": [0.5],
-        "std": [0.5],
-        "pixel_scale": 255.0,
-        "resize_method": "bilinear",
-    }
+    assert metadata["preprocessing"] == DIGITS_METADATA_PREPROCESSING
 
 
 @pytest.mark.slow
