@@ -32,6 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fractions", default="0,0.25,0.5")
     parser.add_argument("--finetune-steps", type=int, help="default: the recipe's")
     parser.add_argument("--seeds", default="0", help="fine-tuning seeds, comma list")
+    parser.add_argument("--head-criterion", default="ablation")
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path)
@@ -78,7 +79,7 @@ def _pruned_row(args, fraction: float, steps: int, root: Path, runners: dict):
         config = _config(args.model, seed)
         model = keras.saving.load_model(args.model, compile=False)
         pruned, report = pruning.prune_and_finetune(
-            model, config, fraction, fraction, steps
+            model, config, fraction, fraction, steps, head_criterion=args.head_criterion
         )
         print(json.dumps({"seed": seed, **report}), flush=True)
         before.append(report["accuracy_pruned"])
@@ -139,6 +140,7 @@ def run(args, root: Path) -> dict:
     return {
         "model": args.model,
         "finetune_steps": steps,
+        "head_criterion": args.head_criterion,
         "learning_rate": config.optim.learning_rate,
         "teacher": distill.teacher
         and {

@@ -192,3 +192,34 @@ def test_finetune_learns_from_the_recipe_teacher(tmp_path):
         for old, new in zip(before, model.trainable_weights, strict=True)
     ]
     assert any(moved)
+
+
+def test_ablation_removes_the_head_whose_removal_costs_least():
+    model = _random_model(**TI, num_layers=2)
+    rng = np.random.default_rng(2)
+    images = rng.normal(size=(8, 32, 32, 3)).astype("float32")
+    labels = rng.integers(0, 10, 8)
+    before = [w.numpy().copy() for w in model.weights]
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    losses = {
+        (name, head): float(
+            loss_fn(labels, pruning.remove(model, {name: [head]})(images))
+        )
+        for name in ("block_0", "block_1")
+        for head in range(3)
+    }
+    # One of six heads: the greedy search is exhaustive for a single head.
+    chosen = pruning.ablated_heads(model, images, labels, 1 / 6, batch_size=4)
+    cheapest = min(losses, key=losses.get)
+    assert chosen == {
+        name: [cheapest[1]] if name == cheapest[0] else [] for name in chosen
+    }
+    assert all(
+        np.array_equal(a, w.numpy()) for a, w in zip(before, model.weights, strict=True)
+    )
+    # A fraction beyond what may go still leaves one head in every block.
+    assert [
+        len(v) for v in pruning.ablated_heads(model, images, labels, 0.9).values()
+    ] == [2, 2]
+    with pytest.raises(ValueError, match="'magnitude'"):
+        pruning.prune(model, images, labels, head_criterion="magnitude")

@@ -322,7 +322,7 @@ def cmd_prune(args) -> int:
     mlp = args.fraction if args.mlp_fraction is None else args.mlp_fraction
     steps = config.total_steps if args.finetune_steps is None else args.finetune_steps
     pruned, report = pruning.prune_and_finetune(
-        model, config, head, mlp, steps, args.calibration_images
+        model, config, head, mlp, steps, args.calibration_images, args.head_criterion
     )
     report.pop("removed")
     report["source_params"] = int(model.count_params())

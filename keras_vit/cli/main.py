@@ -240,7 +240,8 @@ def _add_prune_command(command) -> None:
         cmd_prune,
         "remove attention heads and MLP units, then fine-tune",
         "Scores every head and MLP unit of a .keras ViT on training images of "
-        "a recipe's data (Taylor importance, Michel et al. 2019), removes the "
+        "a recipe's data (Taylor importance, Michel et al. 2019; heads by the "
+        "calibration loss of removing each), removes the "
         "lowest fraction, fine-tunes with the recipe's optimizer and writes an "
         "ordinary, smaller .keras model; prints the accuracies, parameters and "
         "MACs as JSON.",
@@ -257,6 +258,13 @@ def _add_prune_command(command) -> None:
         "--finetune-steps", type=int, help="default: the recipe's total_steps"
     )
     prune.add_argument("--calibration-images", type=int, default=256)
+    prune.add_argument(
+        "--head-criterion",
+        choices=("ablation", "taylor"),
+        default="ablation",
+        help="heads ranked by the measured loss of removing each (greedy) or by "
+        "Taylor importance; MLP units always by Taylor importance",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

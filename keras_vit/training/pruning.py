@@ -10,6 +10,10 @@ unit only through its row of `fc2`, so the gate's gradient is the sum of
 
 Scores are normalised per block (L2, as in the paper) and ranked across all
 blocks; the lowest go, but every block keeps at least one head and one unit.
+Heads can instead be chosen by measurement (`ablated_heads`): greedily, the
+head whose removal raises the calibration loss least. On the digits model
+the Taylor ranking of heads was unreliable (25% pruned, no fine-tuning:
+0.84-0.99 held out across calibration seeds; measured: 0.99-1.00).
 The removal is physical: each block is rebuilt with fewer heads (each keeping
 its `head_dim`) and a narrower MLP, and the kept weights are copied, so the
 result is an ordinary keras_vit model with fewer parameters and FLOPs.
@@ -211,6 +215,69 @@ def remove(model: keras.Model, heads=None, units=None) -> keras.Model:
     return pruned
 
 
+def _calibration_loss(model: keras.Model, images, labels, batch_size: int) -> float:
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    total = 0.0
+    for start in range(0, len(images), batch_size):
+        y = labels[start : start + batch_size]
+        logits = model(images[start : start + batch_size], training=False)
+        total += float(loss_fn(y, logits)) * len(y)
+    return total / len(images)
+
+
+def ablated_heads(model: keras.Model, images, labels, fraction: float, batch_size=32):
+    """Heads to remove, chosen greedily by the measured loss: each round
+    removes the head whose removal raises the calibration loss least, given
+    the heads already removed (at least one kept per block).
+
+    A head is removed exactly by zeroing its rows of `proj` (the bias stays,
+    as in `remove`); the kernels are restored before returning. With 16
+    heads and 4 to remove this is 58 forward passes over the calibration set.
+    """
+    fraction = _check_fraction("head_fraction", fraction)
+    images = np.asarray(images, "float32")
+    labels = np.asarray(labels)
+    labels = labels.argmax(-1) if labels.ndim == 2 else labels
+    blocks = transformer_blocks(model)
+    budget = min(
+        int(round(fraction * sum(b.attention.num_heads for b in blocks))),
+        sum(b.attention.num_heads - 1 for b in blocks),
+    )
+    saved = {b.name: b.attention.proj.kernel.numpy() for b in blocks}
+    removed = {b.name: [] for b in blocks}
+    try:
+        for _ in range(budget):
+            best = None
+            for block in blocks:
+                heads, kernel = block.attention.num_heads, block.attention.proj.kernel
+                if len(removed[block.name]) >= heads - 1:
+                    continue
+                current = kernel.numpy()
+                for head in sorted(set(range(heads)) - set(removed[block.name])):
+                    rows = current.reshape(heads, -1, current.shape[-1]).copy()
+                    rows[head] = 0.0
+                    kernel.assign(rows.reshape(current.shape))
+                    loss = _calibration_loss(model, images, labels, batch_size)
+                    if best is None or loss < best[0]:
+                        best = (loss, block, head)
+                kernel.assign(current)
+            _, block, head = best
+            kernel = block.attention.proj.kernel
+            rows = kernel.numpy().reshape(
+                block.attention.num_heads, -1, kernel.shape[-1]
+            )
+            rows[head] = 0.0
+            kernel.assign(rows.reshape(kernel.shape))
+            removed[block.name].append(head)
+    finally:
+        for block in blocks:
+            block.attention.proj.kernel.assign(saved[block.name])
+    return {name: sorted(indices) for name, indices in removed.items()}
+
+
+HEAD_CRITERIA = ("taylor", "ablation")
+
+
 def prune(
     model: keras.Model,
     images,
@@ -218,15 +285,30 @@ def prune(
     head_fraction: float = 0.25,
     mlp_fraction: float = 0.25,
     batch_size: int = 32,
+    head_criterion: str = "taylor",
 ) -> tuple[keras.Model, dict]:
     """Scores on `(images, labels)` and removes the least important
     `head_fraction` of all heads and `mlp_fraction` of all MLP units.
 
+    MLP units are always ranked by Taylor importance; heads by Taylor
+    importance too (`head_criterion="taylor"`) or, with `"ablation"`, by
+    `ablated_heads` on the model with those units already removed.
+
     Returns:
         `(pruned_model, removed)` with `removed = {"heads": {...}, "units": {...}}`.
     """
+    if head_criterion not in HEAD_CRITERIA:
+        raise ValueError(
+            f"head_criterion must be one of {HEAD_CRITERIA}, got {head_criterion!r}."
+        )
     scores = importance_scores(model, images, labels, batch_size)
     heads, units = select(scores, head_fraction, mlp_fraction)
+    if head_criterion == "ablation":
+        narrower = remove(model, units=units)
+        # One forward pass per candidate: the larger batch only saves overhead.
+        heads = ablated_heads(
+            narrower, images, labels, head_fraction, max(batch_size, 256)
+        )
     return remove(model, heads, units), {"heads": heads, "units": units}
 
 
@@ -291,9 +373,12 @@ def prune_and_finetune(
     mlp_fraction: float,
     finetune_steps: int = 0,
     calibration_images: int = 256,
+    head_criterion: str = "ablation",
 ) -> tuple[keras.Model, dict]:
     """Prunes with scores on training images, measures held-out accuracy,
     fine-tunes `finetune_steps` steps (0: none) and measures it again.
+    Heads go by `head_criterion` (`prune`); the measured-loss `"ablation"`
+    is the default here: on digits it kept far more accuracy than Taylor.
 
     Returns:
         `(model, report)`; the report holds the fractions, heads and units
@@ -303,7 +388,14 @@ def prune_and_finetune(
     if not isinstance(finetune_steps, int) or finetune_steps < 0:
         raise ValueError(f"finetune_steps must be an int >= 0, got {finetune_steps!r}.")
     images, labels = _calibration(config, model.input_shape[1:3], calibration_images)
-    pruned, removed = prune(model, images, labels, head_fraction, mlp_fraction)
+    pruned, removed = prune(
+        model,
+        images,
+        labels,
+        head_fraction,
+        mlp_fraction,
+        head_criterion=head_criterion,
+    )
     blocks = transformer_blocks(pruned)
     report = {
         "head_fraction": head_fraction,
