@@ -10,9 +10,10 @@ random shifts of up to a pixel, rotations of up to 10 degrees and zooms of
 up to 10%.
 Held-out accuracy over seeds 0, 1, 2: 1.0000, 0.9944, 0.9972 (mean 0.9972;
 SVC(C=10) scores 0.9944, kNN 0.9861; bench/results/accuracy_digits.json),
-230-270 CPU-seconds of training each; on a quiet 2-core AMD EPYC (Zen 4)
-seed 0 trained in 159 s and the whole command, export included, took 3 min
-2 s (seeds 1 and 2 ran beside other jobs: 272 s and 443 s). Writes
+on a quiet 2-core AMD EPYC (Zen 4) training took 159 / 188 / 151 s
+(230-262 CPU-seconds) and the whole command, export included, 3:02 / 3:33 /
+2:58 (min:s); their metadata.json files are in
+bench/results/digits_recipe_seeds/. Writes
 runs/digits/ (model.keras, metadata.json with accuracy and train_seconds /
 train_cpu_seconds, history.csv, curves.png, tensorboard/) and exports
 saved_models/vit_digits.
