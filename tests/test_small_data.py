@@ -3,6 +3,7 @@ baseline model kinds and bench/accuracy.py with its README table."""
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -140,20 +141,24 @@ def test_readme_table_is_generated_from_the_committed_results():
     assert text[start : text.index(bench.TABLE_END)].strip() == tables
 
 
-@pytest.mark.slow
-def test_accuracy_bench_quick_writes_every_row(tmp_path):
-    out = tmp_path / "accuracy.json"
+def _quick_accuracy_bench(tmp_path, out, *args):
+    """`bench/accuracy.py --quick` on the digits, its runs in tmp_path/runs."""
     proc = subprocess.run(
         [sys.executable, "bench/accuracy.py", "--quick", "--dataset", "digits"]
-        + ["--out", str(out)],
+        + ["--out", str(out), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
-        env={**__import__("os").environ, "ACCURACY_RUNS": str(tmp_path / "runs")},
+        env={**os.environ, "ACCURACY_RUNS": str(tmp_path / "runs")},
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    report = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_accuracy_bench_quick_writes_every_row(tmp_path):
+    proc, report = _quick_accuracy_bench(tmp_path, tmp_path / "accuracy.json")
     assert report["quick"] and report["dataset"] == "digits"
     rows = {row["kind"]: row for row in report["rows"]}
     assert set(rows) == {"svm", "knn", "cnn", "vit", "hybrid"}
@@ -168,18 +173,10 @@ def test_accuracy_bench_quick_writes_every_row(tmp_path):
     assert "| small CNN (keras.layers) |" in proc.stdout
     # A second call with --only-finished trains nothing: it reads the same
     # runs back from $ACCURACY_RUNS (the config stored by each run matches).
-    again = tmp_path / "again.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/accuracy.py", "--quick", "--dataset", "digits"]
-        + ["--out", str(again), "--only-finished", "--rows", "vit", "cnn"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**__import__("os").environ, "ACCURACY_RUNS": str(tmp_path / "runs")},
+    _, again = _quick_accuracy_bench(
+        tmp_path, tmp_path / "again.json", "--only-finished", "--rows", "vit", "cnn"
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    collected = {row["kind"]: row for row in json.loads(again.read_text())["rows"]}
+    collected = {row["kind"]: row for row in again["rows"]}
     for kind in ("vit", "cnn"):
         assert collected[kind]["accuracies"] == rows[kind]["accuracies"]
 
