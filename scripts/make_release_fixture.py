@@ -1,22 +1,26 @@
-"""Writes tests/fixtures/release_0.1.0/: `.keras` files saved by the previous
-release of keras_vit (0.1.0, commit 0c448ed, the flat layout before the
-subpackages) and the outputs that release computed, so that
+"""Writes tests/fixtures/release_<version>/: `.keras` files saved by a
+released keras_vit and the outputs that release computed, so that
 tests/test_release_compat.py can check that the current package still loads
 them and computes the same logits.
 
-It must run against the old code, not this checkout:
+It must run against the released code, not this checkout:
 
-    git worktree add /tmp/keras_vit_0.1.0 0c448ed
-    PYTHONPATH=/tmp/keras_vit_0.1.0 KERAS_BACKEND=tensorflow \
-        python scripts/make_release_fixture.py tests/fixtures/release_0.1.0
-    git worktree remove /tmp/keras_vit_0.1.0
+    git worktree add ../keras_vit_release <commit>
+    PYTHONPATH=../keras_vit_release KERAS_BACKEND=tensorflow \
+        python scripts/make_release_fixture.py tests/fixtures/release_<version> \
+        <commit>
+    git worktree remove ../keras_vit_release
+
+Releases so far: 0.1.0 (commit 0c448ed, the flat layout before the
+subpackages) and 0.2.0 (commit 5abf189, the last one whose old module paths
+such as `keras_vit.models.layers.TransformerBlock` re-exported their layers).
 
 Every weight is overwritten with seeded random values (the head starts at
 zero, and a zero head would hide any difference in the layers below it).
 The models are tiny (a few thousand parameters) and use the options whose
 layers carry state of their own: learned position embedding and class token,
 LayerScale, DropPath, a pre-logits layer, and the ResNet-v2 stem's StdConv2D
-and GroupNorm.
+and GroupNorm; from 0.2.0 on also a MAP head and register tokens.
 """
 
 import json
@@ -29,7 +33,6 @@ import numpy as np
 import keras_vit
 
 SEED = 0
-RELEASE = "0.1.0"
 
 
 def randomize(model: keras.Model, rng: np.random.Generator) -> None:
@@ -46,7 +49,7 @@ def randomize(model: keras.Model, rng: np.random.Generator) -> None:
         variable.assign(values.astype(variable.dtype))
 
 
-def build_models() -> dict[str, keras.Model]:
+def build_models(release: str) -> dict[str, keras.Model]:
     vit = keras_vit.ViT(
         "Ti/4",
         image_size=16,
@@ -74,24 +77,40 @@ def build_models() -> dict[str, keras.Model]:
         mlp_dim=64,
         name="release_hybrid_vit",
     )
-    return {"vit": vit, "hybrid": hybrid}
+    models = {"vit": vit, "hybrid": hybrid}
+    if release != "0.1.0":
+        # Layers 0.1.0 did not have: the MAP pooling head, register tokens.
+        models["vit_map"] = keras_vit.ViT(
+            "Ti/4",
+            image_size=(16, 8),
+            num_classes=3,
+            hidden_dim=32,
+            num_layers=1,
+            num_heads=2,
+            mlp_dim=64,
+            pooling="map",
+            num_register_tokens=2,
+            name="release_vit_map",
+        )
+    return models
 
 
-def main(out: str) -> int:
-    if keras_vit.__version__ != RELEASE:
+def main(out: str, commit: str) -> int:
+    release = keras_vit.__version__
+    out_dir = Path(out)
+    if out_dir.name != f"release_{release}":
         print(
-            f"keras_vit {keras_vit.__version__} from {keras_vit.__file__} is not "
-            f"release {RELEASE}: put a checkout of commit 0c448ed first on "
-            "PYTHONPATH (see this script's docstring)",
+            f"keras_vit {release} from {keras_vit.__file__} writes "
+            f"release_{release}, not {out_dir.name}: put a checkout of that "
+            "release first on PYTHONPATH (see this script's docstring)",
             file=sys.stderr,
         )
         return 2
-    out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     keras.utils.set_random_seed(SEED)
     rng = np.random.default_rng(SEED)
     expected = {}
-    for key, model in build_models().items():
+    for key, model in build_models(release).items():
         randomize(model, rng)
         images = rng.uniform(-1.0, 1.0, (3, *model.input_shape[1:])).astype("float32")
         expected[f"{key}_images"] = images
@@ -101,10 +120,13 @@ def main(out: str) -> int:
     (out_dir / "source.json").write_text(
         json.dumps(
             {
-                "keras_vit": RELEASE,
-                "commit": "0c448ed",
+                "keras_vit": release,
+                "commit": commit,
                 "keras": keras.__version__,
                 "seed": SEED,
+                "models": sorted(
+                    k.removesuffix("_logits") for k in expected if k.endswith("_logits")
+                ),
             },
             indent=2,
         )
@@ -116,4 +138,10 @@ def main(out: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "release_fixture"))
+    if len(sys.argv) != 3:
+        print(
+            "usage: make_release_fixture.py tests/fixtures/release_<version> <commit>",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    sys.exit(main(sys.argv[1], sys.argv[2]))
