@@ -43,7 +43,7 @@ def run(args, root: Path) -> dict:
     from keras_vit.analysis.flops import count_macs
     from keras_vit.deploy import tflite as tflite_lib
     from keras_vit.deploy.export import export_model
-    from keras_vit.models import ViT
+    from keras_vit.models.vit import ViT
     from keras_vit.training import pruning
 
     keras.utils.set_random_seed(0)

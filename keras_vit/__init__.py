@@ -10,29 +10,20 @@ from keras_vit.logs import quiet_native_logs_for_command
 # Before TensorFlow loads (below), or the level cannot change any more.
 quiet_native_logs_for_command()
 
-from keras_vit.models import (  # noqa: E402
+from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock  # noqa: E402
+from keras_vit.models.features import PatchTokens, feature_extractor  # noqa: E402
+from keras_vit.models.hybrid import HybridViT, StdConv2D  # noqa: E402
+from keras_vit.models.layers import PatchEncoder, Patches, TokenPooling  # noqa: E402
+from keras_vit.models.lora import enable_lora, merge_lora  # noqa: E402
+from keras_vit.models.pooling import MAPHead  # noqa: E402
+from keras_vit.models.resolution import resample_position_embedding, with_image_size  # noqa: E402
+from keras_vit.models.sublayers import MLP, DropPath, LayerScale  # noqa: E402
+from keras_vit.models.vit import (  # noqa: E402
     ARCHITECTURE_KEYS,
-    MLP,
     VARIANTS,
-    DropPath,
-    HybridViT,
-    LayerScale,
-    MAPHead,
-    MultiHeadSelfAttention,
-    PatchEncoder,
-    Patches,
-    PatchTokens,
-    StdConv2D,
-    TokenPooling,
-    TransformerBlock,
     ViT,
     distillation_heads,
-    enable_lora,
-    feature_extractor,
-    merge_lora,
     parse_variant,
-    resample_position_embedding,
-    with_image_size,
 )
 from keras_vit.version import __version__  # noqa: E402
 

@@ -22,7 +22,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from keras_vit.training.config import parse_overrides  # noqa: E402
+from keras_vit.training.overrides import parse_overrides
 from keras_vit.training.recipes import keys_request, load_recipe  # noqa: E402
 from keras_vit.training.report import progress_verbosity, run_summary  # noqa: E402
 

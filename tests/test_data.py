@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from keras_vit.training import config as config_lib
 from keras_vit.training import data, sources
 
 TINY = dict(source="synthetic", num_channels=3, num_classes=4, synthetic_size=24)
@@ -48,7 +49,9 @@ def test_digits_split_is_stratified_and_covers_every_digit_once():
 
 
 def test_digits_eval_split_is_the_shared_fixture_convention():
-    config = data.DataConfig(source="digits", num_channels=1, resize_method="nearest")
+    config = config_lib.DataConfig(
+        source="digits", num_channels=1, resize_method="nearest"
+    )
     images, labels = zip(*data.make_eval_dataset(config, 16, 100), strict=True)
     images, labels = np.concatenate(images), np.concatenate(labels)
     # tests/conftest.py's digits_model: the package's split, each pixel 2x2.
@@ -69,7 +72,7 @@ def test_digits_eval_split_is_the_shared_fixture_convention():
 
 
 def test_train_stream_is_deterministic_and_resumes_at_any_step():
-    config = data.DataConfig(**MIXED)
+    config = config_lib.DataConfig(**MIXED)
     # 5 batches of 8 cross the 24-image epoch boundary.
     first = batches(data.make_train_dataset(config, 16, 8, seed=3), 5)
     resumed = batches(data.make_train_dataset(config, 16, 8, seed=3, start_step=3), 2)
@@ -86,7 +89,7 @@ def test_train_stream_is_deterministic_and_resumes_at_any_step():
 
 
 def test_epoch_is_a_permutation_of_the_training_set():
-    config = data.DataConfig(source="digits", num_channels=1)
+    config = config_lib.DataConfig(source="digits", num_channels=1)
     ((images, labels),) = batches(data.make_train_dataset(config, 8, 1437, seed=0), 1)
     train = sources.digits_arrays()
     # One epoch holds every training image once: the same label counts and
@@ -103,8 +106,10 @@ def test_epoch_is_a_permutation_of_the_training_set():
 
 
 def test_randaugment_is_seeded_per_element_and_stays_in_range():
-    plain = data.DataConfig(**TINY)
-    heavy = data.DataConfig(**dict(TINY, randaugment_ops=2, randaugment_magnitude=0.9))
+    plain = config_lib.DataConfig(**TINY)
+    heavy = config_lib.DataConfig(
+        **dict(TINY, randaugment_ops=2, randaugment_magnitude=0.9)
+    )
     ((a, _),) = batches(data.make_train_dataset(plain, 16, 4, seed=0), 1)
     b = batches(data.make_train_dataset(heavy, 16, 4, seed=0), 2)
     resumed = batches(data.make_train_dataset(heavy, 16, 4, seed=0, start_step=1), 1)
@@ -116,7 +121,7 @@ def test_randaugment_is_seeded_per_element_and_stays_in_range():
 def test_image_folder_reads_classes_and_center_crops(tmp_path):
     write_folder(tmp_path, "train")
     write_folder(tmp_path, "val", per_class=2, fmt="JPEG")
-    config = data.DataConfig(source="folder", path=str(tmp_path), eval_crop=0.875)
+    config = config_lib.DataConfig(source="folder", path=str(tmp_path), eval_crop=0.875)
     assert data.class_names(config) == ["cat", "dog"]
     ((images, labels),) = batches(data.make_train_dataset(config, 16, 4, seed=0), 1)
     assert images.shape == (4, 16, 16, 3) and labels.shape == (4, 2)
@@ -131,7 +136,7 @@ def test_corrupt_image_error_names_the_file(tmp_path):
     good = (tmp_path / "train" / "dog" / "0.png").read_bytes()
     bad.write_bytes(good[: len(good) // 2])  # a truncated download
     (tmp_path / "train" / "cat" / "notes.png").write_text("not an image")
-    config = data.DataConfig(source="folder", path=str(tmp_path))
+    config = config_lib.DataConfig(source="folder", path=str(tmp_path))
     with pytest.raises(
         tf.errors.InvalidArgumentError, match="cannot decode image file"
     ):
@@ -143,7 +148,9 @@ def test_corrupt_image_error_names_the_file(tmp_path):
             error
         )
 
-    skipping = data.DataConfig(source="folder", path=str(tmp_path), on_error="skip")
+    skipping = config_lib.DataConfig(
+        source="folder", path=str(tmp_path), on_error="skip"
+    )
     dataset = data.make_train_dataset(skipping, 8, 6, seed=0)
     # Two batches of 6 need more than one epoch of the 6 good files, so both
     # bad files have been read whatever order the shuffle gave (one batch was
@@ -163,7 +170,7 @@ def test_tfrecords_round_trip_the_schema(tmp_path):
         "val-00000-of-00002.tfrecord",
         "val-00001-of-00002.tfrecord",
     ]
-    config = data.DataConfig(
+    config = config_lib.DataConfig(
         source="tfrecord", path=str(tmp_path), num_classes=3, mean=(0.0,), std=(1.0,)
     )
     got = np.concatenate([x for x, _ in data.make_eval_dataset(config, 8, 6)])
@@ -179,7 +186,7 @@ def test_arrays_from_npz(tmp_path):
     x = np.random.default_rng(0).uniform(0, 255, (10, 8, 8, 1)).astype("float32")
     y = np.arange(10) % 5
     np.savez(tmp_path / "a.npz", x_train=x, y_train=y, x_eval=x[:4], y_eval=y[:4])
-    config = data.DataConfig(
+    config = config_lib.DataConfig(
         source="arrays", path=str(tmp_path / "a.npz"), num_channels=1
     )
     ((images, labels),) = list(data.make_eval_dataset(config, 8, 4))
@@ -193,12 +200,12 @@ def test_tfds_without_the_package_is_a_clear_error():
     except ImportError:
         with pytest.raises(ValueError, match="pip install tensorflow-datasets"):
             data.make_eval_dataset(
-                data.DataConfig(source="tfds", path="cifar10"), 32, 8
+                config_lib.DataConfig(source="tfds", path="cifar10"), 32, 8
             )
     else:
         with pytest.raises(ValueError, match="not available locally"):
             data.make_eval_dataset(
-                data.DataConfig(source="tfds", path="no_such_dataset_xyz"), 32, 8
+                config_lib.DataConfig(source="tfds", path="no_such_dataset_xyz"), 32, 8
             )
 
 
@@ -215,11 +222,11 @@ def test_tfds_without_the_package_is_a_clear_error():
 )
 def test_bad_data_config_names_the_key_and_valid_values(changes, message):
     with pytest.raises(ValueError, match=message):
-        data.validate_data_config(data.DataConfig(**changes))
+        config_lib.validate_data_config(config_lib.DataConfig(**changes))
 
 
 def test_missing_folder_says_what_layout_is_expected(tmp_path):
-    config = data.DataConfig(source="folder", path=str(tmp_path))
+    config = config_lib.DataConfig(source="folder", path=str(tmp_path))
     with pytest.raises(ValueError, match="one folder per split"):
         data.make_train_dataset(config, 8, 2, seed=0)
 

@@ -9,17 +9,10 @@ import numpy as np
 import pytest
 from helpers import check_dtype_policy_contract
 
-from keras_vit.models import (
-    MLP,
-    DropPath,
-    LayerScale,
-    MultiHeadSelfAttention,
-    PatchEncoder,
-    Patches,
-    StdConv2D,
-    TokenPooling,
-    TransformerBlock,
-)
+from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
+from keras_vit.models.hybrid import StdConv2D
+from keras_vit.models.layers import PatchEncoder, Patches, TokenPooling
+from keras_vit.models.sublayers import MLP, DropPath, LayerScale
 
 POLICIES = ["float32", "mixed_float16", "mixed_bfloat16"]
 

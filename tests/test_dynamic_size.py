@@ -12,7 +12,7 @@ from helpers import FLOAT32_PARITY, assert_parity, fit_one_step
 import keras_vit
 from keras_vit.deploy.export import export_model
 from keras_vit.models import position
-from keras_vit.models.layers import sincos_position_embedding
+from keras_vit.models.position import sincos_position_embedding
 from keras_vit.models.resolution import nominal_image_size, with_image_size
 
 SMALL = dict(hidden_dim=32, num_layers=1, num_heads=2, mlp_dim=64, num_classes=5)

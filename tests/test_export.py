@@ -32,7 +32,8 @@ from helpers import (
 from PIL import Image
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-from keras_vit.deploy.export import export_model, predict
+from keras_vit.deploy.export import export_model
+from keras_vit.deploy.serving import predict
 
 GOLDEN = Path(__file__).parent / "golden" / "saved_model_cli_show.txt"
 DIGITS_PREPROCESSING = {

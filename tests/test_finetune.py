@@ -6,7 +6,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from keras_vit import ViT
-from keras_vit.pretrained import convert_checkpoint
+from keras_vit.pretrained.convert import convert_checkpoint
 from keras_vit.training.finetune import (
     HardDistillation,
     LayerDecayAdamW,

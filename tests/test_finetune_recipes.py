@@ -10,6 +10,7 @@ import pytest
 
 from keras_vit.training import trainer as training
 from keras_vit.training.finetune import LayerDecayAdamW
+from keras_vit.training.optimizer import make_optimizer
 from keras_vit.training.recipes import load_recipe
 from keras_vit.training.sources import digits_arrays
 
@@ -139,11 +140,11 @@ def test_fine_tuning_keys_are_validated_and_reach_the_optimizer(tmp_path):
         {"model.pretrained": "", "smoke": "true", "optim.layer_decay": "0.5"},
     )
     model = training.build_model(config, num_classes=10)
-    optimizer = training.make_optimizer(config, model)
+    optimizer = make_optimizer(config, model)
     assert isinstance(optimizer, LayerDecayAdamW)
     assert optimizer.lr_multipliers["block_0/mlp/fc1/kernel"] == 0.25
     plain = load_recipe("digits", {"smoke": "true"})
-    assert type(training.make_optimizer(plain, model)) is keras.optimizers.AdamW
+    assert type(make_optimizer(plain, model)) is keras.optimizers.AdamW
 
 
 def test_pretrained_keras_file_of_another_architecture_is_refused(tmp_path):

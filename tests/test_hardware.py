@@ -67,7 +67,7 @@ def test_describe_records_the_cpu_flags_that_decide():
 
 
 def test_config_takes_auto_from_the_command_line():
-    from keras_vit.training.config import parse_overrides
+    from keras_vit.training.overrides import parse_overrides
     from keras_vit.training.recipes import load_recipe
 
     config = load_recipe(

@@ -19,7 +19,8 @@ from keras_vit.cli.main import main as cli_main
 from keras_vit.errors import CheckpointError
 from keras_vit.pretrained.readers import read_checkpoint
 from keras_vit.training import data as data_lib
-from keras_vit.training.config import DataConfig, override, parse_overrides, validate
+from keras_vit.training.config import DataConfig, override, validate
+from keras_vit.training.overrides import parse_overrides
 
 
 def write_image(path, pixels, fmt="PNG"):

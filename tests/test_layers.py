@@ -6,17 +6,10 @@ import pytest
 import tensorflow as tf
 from helpers import check_config_round_trip
 
-from keras_vit.models.layers import (
-    MLP,
-    DropPath,
-    LayerScale,
-    MultiHeadSelfAttention,
-    PatchEncoder,
-    Patches,
-    TokenPooling,
-    TransformerBlock,
-    sincos_position_embedding,
-)
+from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
+from keras_vit.models.layers import PatchEncoder, Patches, TokenPooling
+from keras_vit.models.position import sincos_position_embedding
+from keras_vit.models.sublayers import MLP, DropPath, LayerScale
 
 RNG = np.random.default_rng(0)
 

@@ -19,8 +19,9 @@ from keras_vit import MAPHead, ViT
 from keras_vit.analysis import flops, visualize
 from keras_vit.cli import main
 from keras_vit.deploy import serving
+from keras_vit.errors import CheckpointError
 from keras_vit.models import preprocessing as preprocessing_lib
-from keras_vit.pretrained import CheckpointError, convert_checkpoint
+from keras_vit.pretrained.convert import convert_checkpoint
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHINA = Path(__import__("sklearn").__file__).parent / "datasets/images/china.jpg"

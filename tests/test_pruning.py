@@ -4,8 +4,8 @@ import pytest
 
 from keras_vit.analysis.flops import count_macs, vit_macs, vit_parameter_count
 from keras_vit.deploy.export import export_model
-from keras_vit.models import ViT
 from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
+from keras_vit.models.vit import ViT
 from keras_vit.training import pruning
 from tests.helpers import check_config_round_trip, check_reloads_in_fresh_process
 

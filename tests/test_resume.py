@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from helpers import REPO
 
+from keras_vit.errors import CheckpointError
 from keras_vit.training.checkpoints import (
     MANIFEST,
     CheckpointCallback,
-    CheckpointError,
     NonFiniteLossError,
     checkpoint_path,
     list_checkpoints,

@@ -19,7 +19,7 @@ from keras_vit.errors import (
     RunFolderError,
     RunLockedError,
 )
-from keras_vit.training import run_folder
+from keras_vit.training import outputs, run_folder
 from keras_vit.training import trainer as training
 
 
@@ -150,7 +150,7 @@ def test_damaged_history_never_breaks_the_next_run(tmp_path, finished_run):
         )
         + "\n"
     )
-    assert training.plot_history(history, run_dir / "curves.png") is not None
+    assert outputs.plot_history(history, run_dir / "curves.png") is not None
     metadata = training.train(tiny(tmp_path, total_steps="4"))
     assert (run_dir / "metadata.json").is_file() and metadata["steps"] == 4
     rows = list(csv.reader(history.open()))

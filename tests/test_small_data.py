@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 from helpers import REPO
 
+from keras_vit.training import config as config_lib
 from keras_vit.training import data, sources, trainer
 from keras_vit.training.augment import Augmenter
 from keras_vit.training.recipes import load_recipe
@@ -63,7 +64,7 @@ def test_rotation_turns_about_the_centre_and_zoom_scales_the_distance():
 
 def test_augmentation_bounds_are_validated():
     with pytest.raises(ValueError, match=r"data.translate must be in \[0.0, 0.5\]"):
-        data.validate_data_config(data.DataConfig(translate=0.6))
+        config_lib.validate_data_config(config_lib.DataConfig(translate=0.6))
 
 
 def test_mnist5k_is_a_fixed_stratified_split_or_says_how_to_install():
@@ -78,7 +79,7 @@ def test_mnist5k_is_a_fixed_stratified_split_or_says_how_to_install():
     assert np.bincount(arrays["y_train"]).tolist() == [400] * 10
     assert arrays["x_train"].min() == 0 and arrays["x_train"].max() == 255
     np.testing.assert_array_equal(arrays["x_eval"], sources.mnist5k_arrays()["x_eval"])
-    config = data.DataConfig(source="mnist5k", num_channels=1)
+    config = config_lib.DataConfig(source="mnist5k", num_channels=1)
     images, labels = next(iter(data.make_eval_dataset(config, 28, 1000)))
     assert images.shape == (1000, 28, 28, 1)
     np.testing.assert_array_equal(np.argmax(labels, -1), arrays["y_eval"])

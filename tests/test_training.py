@@ -16,9 +16,10 @@ from keras_vit.training.config import (
     TrainConfig,
     config_keys,
     override,
-    parse_overrides,
     validate,
 )
+from keras_vit.training.optimizer import learning_rate_schedule, make_optimizer
+from keras_vit.training.overrides import parse_overrides
 
 
 def tiny(tmp_path, **changes) -> TrainConfig:
@@ -124,7 +125,7 @@ def test_warmup_then_cosine_and_batch_scaled_learning_rate():
             "optim.end_lr_fraction": "0.0",
         },
     )
-    schedule = training.learning_rate_schedule(config)
+    schedule = learning_rate_schedule(config)
     peak = 1e-3  # 5e-4 * 1024 / 512
     got = [float(schedule(s)) for s in (0, 50, 100, 600, 1100)]
     np.testing.assert_allclose(got, [0.0, peak / 2, peak, peak / 2, 0.0], atol=1e-9)
@@ -135,7 +136,7 @@ def test_optimizer_skips_decay_for_biases_norms_tokens_and_positions(tmp_path):
         tmp_path, **{"optim.use_ema": "true", "optim.gradient_accumulation_steps": "2"}
     )
     model = training.build_model(config, num_classes=4)
-    optimizer = training.make_optimizer(config, model)
+    optimizer = make_optimizer(config, model)
     decayed = {
         v.path for v in model.trainable_variables if optimizer._use_weight_decay(v)
     }

@@ -6,7 +6,7 @@ from helpers import check_reloads_in_fresh_process, fit_one_step
 
 import keras_vit
 from keras_vit import VARIANTS, ViT, distillation_heads, parse_variant
-from keras_vit.models.layers import TransformerBlock
+from keras_vit.models.blocks import TransformerBlock
 
 
 def tiny(**kwargs):

@@ -15,14 +15,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from keras_vit.errors import CheckpointError, UnsafeCheckpointError
 from keras_vit.files import sha256
-from keras_vit.pretrained import (
-    CheckpointError,
-    UnsafeCheckpointError,
-    convert,
-    convert_checkpoint,
-    read_checkpoint,
-)
+from keras_vit.pretrained import convert
+from keras_vit.pretrained.convert import convert_checkpoint
+from keras_vit.pretrained.readers import read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"

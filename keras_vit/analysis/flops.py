@@ -18,15 +18,11 @@ import math
 
 import keras
 
+from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
 from keras_vit.models.hybrid import StdConv2D
-from keras_vit.models.layers import (
-    MLP,
-    LayerScale,
-    MultiHeadSelfAttention,
-    PatchEncoder,
-    TransformerBlock,
-)
+from keras_vit.models.layers import PatchEncoder
 from keras_vit.models.pooling import MAPHead
+from keras_vit.models.sublayers import MLP, LayerScale
 from keras_vit.models.vit import resolve_architecture
 
 

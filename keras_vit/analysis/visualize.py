@@ -22,7 +22,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from keras_vit.models.layers import PatchEncoder, TransformerBlock
+from keras_vit.models.blocks import TransformerBlock
+from keras_vit.models.layers import PatchEncoder
 
 
 def _encoder_layers(model: keras.Model) -> tuple[PatchEncoder, list[TransformerBlock]]:

@@ -5,8 +5,8 @@ Each subcommand parses its arguments and makes one call into the package:
     train      keras_vit.training.trainer.train(recipe config)
     evaluate   keras_vit.analysis.evaluation.evaluate(model, held-out data)
     export     keras_vit.deploy.export.export_model(model, name, ...)
-    predict    keras_vit.deploy.export.predict(model path, images, top_k)
-    convert    keras_vit.pretrained.convert_checkpoint(checkpoint, out.keras)
+    predict    keras_vit.deploy.serving.predict(model path, images, top_k)
+    convert    keras_vit.pretrained.convert.convert_checkpoint(checkpoint, out.keras)
     visualize  keras_vit.analysis.visualize attention maps / rollout PNGs
     bench      bench/throughput.py (source checkouts)
     info       model summary, parameter count and FLOPs

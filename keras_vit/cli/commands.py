@@ -24,7 +24,7 @@ from keras_vit.cli.common import (
 
 
 def cmd_train(args) -> int:
-    from keras_vit.training import config as train_config
+    from keras_vit.training import overrides as train_overrides
     from keras_vit.training import recipes
 
     options = list(args.options)
@@ -40,7 +40,7 @@ def cmd_train(args) -> int:
         recipe, options = options[0], options[1:]
     from keras_vit.training import report
 
-    overrides = report.progress_verbosity(train_config.parse_overrides(options))
+    overrides = report.progress_verbosity(train_overrides.parse_overrides(options))
     config = recipes.load_recipe(recipe, overrides)
     from keras_vit.training import trainer as training
 
@@ -71,12 +71,13 @@ recipes: {recipes} (default: digits)
 
 def cmd_evaluate(args) -> int:
     from keras_vit.analysis import evaluation
+    from keras_vit.training import config as train_config
     from keras_vit.training import data as data_lib
 
     model = load_keras_model(args.model)
     preprocessing = command_preprocessing(model, args.model, None, None)
     height, width = preprocessing["image_size"]
-    config = data_lib.DataConfig(
+    config = train_config.DataConfig(
         source=args.data,
         path=args.data_path,
         eval_split=args.split,
@@ -147,11 +148,11 @@ def cmd_export(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from keras_vit.deploy import export
+    from keras_vit.deploy import serving
 
     existing_path(args.model, "model")
     output = "logits" if args.logits else "probabilities"
-    results = export.predict(
+    results = serving.predict(
         args.model, args.images, top_k=args.top_k, output=output, verbose=True
     )
     digits = 6 if args.logits else 4
@@ -162,12 +163,12 @@ def cmd_predict(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from keras_vit import pretrained
+    from keras_vit.pretrained import convert
 
     overrides = {}
     if args.num_heads is not None:
         overrides["num_heads"] = args.num_heads
-    model = pretrained.convert_checkpoint(
+    model = convert.convert_checkpoint(
         args.checkpoint,
         args.output,
         image_size=args.image_size,
@@ -234,12 +235,13 @@ def cmd_info(args) -> int:
     if args.model.endswith(".keras"):
         model = load_keras_model(args.model)
     else:
-        from keras_vit import models as keras_vit
+        from keras_vit.models.hybrid import HybridViT
+        from keras_vit.models.vit import ViT
 
-        builder = keras_vit.ViT
+        builder = ViT
         options = {}
         if args.hybrid_stem:
-            builder = keras_vit.HybridViT
+            builder = HybridViT
             options["stem"] = args.hybrid_stem
         model = builder(
             args.model,

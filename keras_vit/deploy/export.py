@@ -35,13 +35,8 @@ import tensorflow as tf
 
 from keras_vit.deploy import int16
 from keras_vit.deploy import tflite as tflite_lib
-from keras_vit.deploy.checks import PIXEL_RANGE_SLACK
-from keras_vit.deploy.serving import (
-    BYTES_INPUT,
-    BYTES_SIGNATURE,
-    SERVING_INPUT,
-    predict,
-)
+from keras_vit.deploy.checks import PIXEL_RANGE_SLACK, SERVING_INPUT
+from keras_vit.deploy.serving import BYTES_INPUT, BYTES_SIGNATURE
 from keras_vit.deploy.signatures import Graphs, write_saved_model, write_warmup_requests
 from keras_vit.deploy.versions import claim_version, is_latest, remove_stale_partials
 from keras_vit.files import write_atomic
@@ -56,7 +51,7 @@ from keras_vit.models.preprocessing import (
 from keras_vit.models.resolution import is_dynamic_size
 from keras_vit.version import __version__
 
-__all__ = ["export_model", "predict", "write_saved_model", "write_warmup_requests"]
+__all__ = ["export_model"]
 
 VERIFY_BATCH = 64
 

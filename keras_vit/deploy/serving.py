@@ -20,11 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.deploy.checks import (  # noqa: F401  re-exported
-    PIXEL_RANGE_SLACK,
-    SERVING_INPUT,
-    check_pixel_batch,
-)
+from keras_vit.deploy.checks import check_pixel_batch
 from keras_vit.errors import CheckpointError
 from keras_vit.hardware import choose_settings
 from keras_vit.models import image_bytes

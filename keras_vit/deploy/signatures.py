@@ -34,11 +34,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.deploy.checks import PIXEL_RANGE_SLACK
+from keras_vit.deploy.checks import PIXEL_RANGE_SLACK, SERVING_INPUT
 from keras_vit.deploy.serving import (
     BYTES_INPUT,
     BYTES_SIGNATURE,
-    SERVING_INPUT,
     ends_in_softmax,
     prediction_log_bytes,
 )

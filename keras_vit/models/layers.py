@@ -13,21 +13,8 @@ import keras
 from keras import ops
 
 from keras_vit.models import position
-from keras_vit.models.blocks import (  # noqa: F401  re-exported: one import for all layers
-    MultiHeadSelfAttention,
-    TransformerBlock,
-)
-from keras_vit.models.position import (  # noqa: F401  re-exported, its old home
-    sincos_position_embedding,
-)
-from keras_vit.models.sublayers import (  # noqa: F401  re-exported, as above
-    MLP,
-    DropPath,
-    LayerScale,
-    check_rate,
-    register,
-    with_sublayer_policies,
-)
+from keras_vit.models.position import sincos_position_embedding
+from keras_vit.models.sublayers import check_rate, register, with_sublayer_policies
 
 
 @register

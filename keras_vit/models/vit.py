@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import keras
 
-from keras_vit.models.layers import (
-    PatchEncoder,
-    Patches,
-    TokenPooling,
-    TransformerBlock,
-)
+from keras_vit.models.blocks import TransformerBlock
+from keras_vit.models.layers import PatchEncoder, Patches, TokenPooling
 from keras_vit.models.pooling import MAPHead
 
 POOLING_MODES = ("token", "gap", "map", None)

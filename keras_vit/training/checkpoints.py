@@ -341,7 +341,6 @@ class CheckpointCallback(keras.callbacks.Callback):
 __all__ = [
     "MANIFEST",
     "CheckpointCallback",
-    "CheckpointError",
     "NonFiniteLossError",
     "checkpoint_path",
     "list_checkpoints",

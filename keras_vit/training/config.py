@@ -15,13 +15,7 @@ from dataclasses import dataclass, field
 from keras_vit.hardware import PRECISIONS
 from keras_vit.models.preprocessing import RESIZE_METHODS
 from keras_vit.models.vit import ARCHITECTURE_KEYS
-from keras_vit.training.overrides import (  # noqa: F401  re-exported: the config's API
-    AUTO_KEYS,
-    dotted_keys,
-    key_table,
-    parse_overrides,
-    replace_dotted,
-)
+from keras_vit.training.overrides import dotted_keys, replace_dotted
 
 MODEL_KINDS = ("vit", "hybrid", "cnn")
 STRATEGY_NAMES = ("default", "mirrored", "multiworker", "tpu")

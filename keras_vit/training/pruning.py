@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.analysis.flops import count_macs
-from keras_vit.models.layers import TransformerBlock
+from keras_vit.models.blocks import TransformerBlock
 from keras_vit.training import data as data_lib
 from keras_vit.training import distill as distill_lib
 from keras_vit.training.config import TrainConfig

@@ -19,48 +19,24 @@ from keras_vit.hardware import choose_settings
 from keras_vit.hardware import describe as describe_hardware
 from keras_vit.models.lora import enable_lora, merge_lora, restart_lora_adapters
 from keras_vit.models.resolution import with_image_size
-from keras_vit.models.vit import ARCHITECTURE_KEYS, ViT
+from keras_vit.models.vit import ARCHITECTURE_KEYS, HEAD_LAYERS, ViT
 from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import data as data_lib
 from keras_vit.training import distill as distill_lib
 from keras_vit.training import distribute, run_folder
 from keras_vit.training import qat as qat_lib
 from keras_vit.training.config import (
-    ModelConfig,
-    OptimConfig,
     TrainConfig,
-    config_keys,
-    override,
     validate,
 )
-from keras_vit.training.finetune import (
-    HEAD_LAYERS,
-    freeze_backbone,
-)
+from keras_vit.training.finetune import freeze_backbone
 from keras_vit.training.model_kinds import build_kind
 from keras_vit.training.optimizer import (
-    learning_rate_schedule,
     make_optimizer,
 )
-from keras_vit.training.outputs import (  # noqa: F401  plot_history: re-exported
-    has_tensorboard,
-    plot_history,
-    write_outputs,
-    write_qat,
-)
+from keras_vit.training.outputs import has_tensorboard, write_outputs, write_qat
 
-__all__ = [
-    "ModelConfig",
-    "OptimConfig",
-    "TrainConfig",
-    "build_model",
-    "config_keys",
-    "learning_rate_schedule",
-    "make_optimizer",
-    "override",
-    "train",
-    "validate",
-]
+__all__ = ["build_model", "train"]
 
 
 def build_model(config: TrainConfig, num_classes: int, image_size: int | None = None):

@@ -15,13 +15,8 @@ import pkgutil
 from pathlib import Path
 
 from keras_vit.models.vit import VARIANTS
-from keras_vit.training.config import (
-    TrainConfig,
-    key_table,
-    override,
-    parse_overrides,
-    validate,
-)
+from keras_vit.training.config import TrainConfig, override, validate
+from keras_vit.training.overrides import key_table, parse_overrides
 
 
 def smoke_version(config: TrainConfig) -> TrainConfig:
