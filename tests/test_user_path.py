@@ -43,13 +43,27 @@ def readme_first_command() -> tuple[list[str], list[str]]:
 
 def tracked_copy(destination: Path) -> Path:
     """The checkout's files that git tracks or would track (what a clone
-    holds, plus uncommitted work), copied to `destination`."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
+    holds, plus uncommitted work), copied to `destination`; without git, the
+    tree less its outputs and caches."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):
+        ignored = shutil.ignore_patterns(
+            ".git",
+            "build",
+            "dist",
+            "runs",
+            "saved_models",
+            "*.egg-info",
+            "__pycache__",
+            "*.keras",
+        )
+        return Path(shutil.copytree(REPO, destination, ignore=ignored))
     for name in filter(None, listed.split("\0")):
         source = REPO / name
         if source.is_file():

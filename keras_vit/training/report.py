@@ -27,32 +27,33 @@ def progress_verbosity(overrides: dict, stream=None) -> dict:
 
 
 class StepLines(keras.callbacks.Callback):
-    """One line at each held-out evaluation and at the last step (each
-    checkpoint interval when the run does not evaluate): the step, the
-    training loss and accuracy, the held-out accuracy, the time so far."""
+    """One line at each held-out evaluation (every `eval_every` intervals of
+    `steps_per_epoch` steps; each interval when 0) and at the last step: the
+    step, the training loss and accuracy, the held-out accuracy, the time so
+    far."""
 
-    def __init__(self, name: str, total_steps: int, steps_per_epoch: int):
+    def __init__(
+        self, name: str, total_steps: int, steps_per_epoch: int, eval_every: int
+    ):
         super().__init__()
         self.name = name
         self.total_steps = total_steps
         self.steps_per_epoch = steps_per_epoch
-        self.evaluates = None
+        self.eval_every = eval_every
         self.started = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         step = (epoch + 1) * self.steps_per_epoch
-        held_out = logs.get("val_accuracy")
-        if held_out is not None:
-            self.evaluates = True
-        if self.evaluates and held_out is None and step < self.total_steps:
+        shown = not self.eval_every or (epoch + 1) % self.eval_every == 0
+        if not shown and step < self.total_steps:
             return
         parts = [f"{self.name}: step {step}/{self.total_steps}"]
-        for key, label in (("loss", "loss"), ("accuracy", "accuracy")):
+        for key in ("loss", "accuracy"):
             if key in logs:
-                parts.append(f"{label} {float(logs[key]):.4f}")
-        if held_out is not None:
-            parts.append(f"held-out accuracy {float(held_out):.4f}")
+                parts.append(f"{key} {float(logs[key]):.4f}")
+        if "val_accuracy" in logs:
+            parts.append(f"held-out accuracy {float(logs['val_accuracy']):.4f}")
         parts.append(f"({time.perf_counter() - self.started:.0f} s)")
         print("  ".join(parts), flush=True)
 

@@ -162,7 +162,12 @@ def _callbacks(run_dir: Path, chief: bool, config: TrainConfig):
     if config.verbose == 2:
         # Keras' own per-epoch display takes two lines an interval.
         callbacks.append(
-            StepLines(config.name, config.total_steps, config.checkpoint_every)
+            StepLines(
+                config.name,
+                config.total_steps,
+                config.checkpoint_every,
+                config.eval_every,
+            )
         )
     if chief:
         callbacks.append(run_folder.HistoryWriter(run_dir / run_folder.HISTORY_FILE))
