@@ -23,13 +23,26 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["keras_vit", "keras_vit.*"]),
+    # The recipes live at the top of the repository (recipes/) and ship as
+    # keras_vit/recipes/, so `keras-vit train digits` works from any folder.
+    packages=[
+        *find_packages(include=["keras_vit", "keras_vit.*"]),
+        "keras_vit.recipes",
+    ],
+    package_dir={"keras_vit.recipes": "recipes"},
     install_requires=[
         # Keras < 3.13.2 has known safe_mode bypasses.
         "keras>=3.13.2",
         "numpy",
         "scikit-learn",
         "pillow",
+        # Every run draws curves.png, `evaluate` its confusion matrix and
+        # `visualize` its maps: part of the main install, not an extra.
+        "matplotlib",
+        # Converting timm / Hugging Face checkpoints (`keras-vit convert`,
+        # keras_vit.pretrained); >= 0.8 returns BF16 tensors as numpy
+        # bfloat16 arrays. Small, and what the fine-tuning guide starts with.
+        "safetensors>=0.8",
     ],
     extras_require={
         # One of these two brings TensorFlow: the CPU wheel is a fraction of
@@ -38,8 +51,9 @@ setup(
         "cpu": [f"tensorflow-cpu>={TF_VERSION}", "tensorboard"],
         "gpu": [f"tensorflow[and-cuda]>={TF_VERSION}", "tensorboard"],
         "export": ["ai-edge-litert"],
+        # Kept so that older install commands still work; both are now in
+        # the main install.
         "viz": ["matplotlib"],
-        # safetensors >= 0.8 returns BF16 tensors as numpy bfloat16 arrays.
         "weights": ["safetensors>=0.8"],
         "hub": ["huggingface_hub", "safetensors>=0.8"],
         # The mnist5k data source reads the 5,000 MNIST digits bundled in

@@ -5,11 +5,12 @@ Classical models (scikit-learn SVC and kNN), a small CNN written with
 small CNN stem; the Keras models are trained by the same trainer with the
 recipe's augmentation and schedule (`model.kind` picks the network), over
 several seeds. Writes `bench/results/accuracy_<dataset>.json`; `--readme`
-then rewrites the README table between its markers from every such JSON.
+then rewrites the accuracy table of docs/training.md between its markers
+from every such JSON.
 
     python bench/accuracy.py --dataset digits          # ~25 CPU-minutes
     python bench/accuracy.py --dataset mnist5k
-    python bench/accuracy.py --readme                  # README table only
+    python bench/accuracy.py --readme                  # the docs table only
     python bench/accuracy.py --quick --out /tmp/a.json  # a two-step check
 
 Training seconds are wall time on this machine, which other jobs may share;
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "bench" / "results"
-README = ROOT / "README.md"
+README = ROOT / "docs" / "training.md"  # its accuracy table
 TABLE_START = "<!-- accuracy table: bench/accuracy.py --readme -->"
 TABLE_END = "<!-- end of accuracy table -->"
 # The recipe whose data, augmentation and schedule every Keras row uses.

@@ -1,7 +1,7 @@
 """Held-out accuracy, size on disk and CPU latency of one trained model as
 float32 and after `model.quantize` (int8, int4), side by side in one process:
 
-    python recipes/train.py                  # runs/digits/model.keras
+    keras-vit train digits                   # runs/digits/model.keras
     python bench/quantization.py runs/digits/model.keras \
         --json bench/results/quantization_digits.json
 

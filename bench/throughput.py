@@ -8,11 +8,16 @@ the forward pass in inference mode. The machine's matmul peak (float32 and
 bfloat16) is measured in the same rounds, and each result is reported as
 images/s, model FLOP/s and the fraction of that peak.
 
+    keras-vit bench                       # a tiny model: a quick look
     python bench/throughput.py --variant Ti/16 --image-size 224 \
-        --batch-size 32 --precision float32 --json bench/results.json
+        --batch-size 32 --rounds 3 --iterations 5 --json bench/results.json
 
-Run it with a Python that has torch and timm to include timm; without them
-timm is skipped and the reason printed.
+The defaults are a tiny run (2 blocks of Ti/16 at 64x64, batch 8, without
+XLA), which shows the table in about a minute on 2 CPU cores; the
+comparisons in the docs use the second command. A peer that is not
+installed (keras-hub; torch and timm) is skipped with one line that says how
+to get it: each is best measured from a venv of its own (keras-hub pulls
+the full tensorflow).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -45,20 +51,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--variant", default="Ti/16", help="keras_vit variant")
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument(
-        "--num-layers", type=int, help="override the variant's number of blocks"
+        "--num-layers",
+        type=int,
+        default=2,
+        help="override the variant's number of blocks (0: the variant's own)",
     )
     parser.add_argument("--precision", default="float32", choices=PRECISIONS)
     parser.add_argument(
-        "--iterations", type=int, default=5, help="timed steps per round"
+        "--iterations", type=int, default=3, help="timed steps per round"
     )
     parser.add_argument(
-        "--warmup", type=int, default=2, help="untimed steps before the rounds"
+        "--warmup", type=int, default=1, help="untimed steps before the rounds"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds")
     parser.add_argument(
         "--peers", default=",".join(PEERS), help=f"comma list from {PEERS}"
     )
@@ -67,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--jit",
-        default="both",
+        default="off",
         choices=("both", "on", "off"),
         help="XLA settings tried for the TensorFlow peers",
     )
@@ -84,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="TensorFlow inter-op threads (0: TensorFlow's default)",
     )
     parser.add_argument(
-        "--matmul-size", type=int, default=2048, help="side of the peak matmul"
+        "--matmul-size", type=int, default=1024, help="side of the peak matmul"
     )
     parser.add_argument(
         "--auto-check",
@@ -96,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
 
+    if args.num_layers is not None and args.num_layers < 0:
+        parser.error(f"--num-layers must be >= 0, got {args.num_layers}")
+    args.num_layers = args.num_layers or None  # 0: the variant's own depth
     args.peers = _split_choices(parser, "--peers", args.peers, PEERS)
     args.modes = _split_choices(parser, "--modes", args.modes, MODES)
     for name in ("image_size", "batch_size", "num_classes", "iterations", "rounds"):
@@ -302,7 +314,10 @@ def timm_contestants(args, arch, modes):
         import torch
         from timm.models.vision_transformer import VisionTransformer
     except ImportError as err:
-        return [], f"torch/timm not importable in {sys.executable} ({err})"
+        return [], (
+            f"torch/timm not importable in {sys.executable} ({err}); measure it "
+            "with a Python that has them: pip install torch timm"
+        )
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -550,6 +565,14 @@ def run(args: argparse.Namespace) -> dict:
                 skipped["timm"] = reason
                 print(f"skipping timm: {reason}", flush=True)
             contestants += found
+            continue
+        if peer == "keras_hub" and importlib.util.find_spec("keras_hub") is None:
+            skipped[peer] = (
+                f"keras_hub is not installed in {sys.executable}; measure it from a "
+                "venv of its own: pip install keras-hub (it pulls the full "
+                "tensorflow)"
+            )
+            print(f"skipping keras_hub: {skipped[peer]}", flush=True)
             continue
         model = builders[peer](args, arch)
         params[peer] = model.count_params()

@@ -305,7 +305,8 @@ def test_train_smoke_run(capsys, tmp_path):
         "",
     )
     assert code == 0, err
-    assert re.search(r"accuracy=\d\.\d{4} run_dir=" + re.escape(str(tmp_path)), stdout)
+    assert re.search(r"digits: done, held-out accuracy \d\.\d{4}\. It made:", stdout)
+    assert f"  keras-vit evaluate {tmp_path / 'run' / 'model.keras'}" in stdout
     assert (tmp_path / "run" / "model.keras").is_file()
 
 

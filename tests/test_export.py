@@ -524,34 +524,41 @@ def test_tf_serving_rest_prediction(exported, tmp_path):
         log.close()
 
 
-def test_export_recipe_reads_the_training_runs_metadata(exported, tmp_path, capsys):
-    import importlib.util
+def test_keras_vit_export_in_a_run_folder_calibrates_on_the_runs_data(
+    exported, tmp_path, capsys
+):
+    """`keras-vit export` is the trainer's export: in a run folder (its
+    config.json, metadata.json) int8 is calibrated on the run's training
+    images and every kind checked on its held-out split."""
+    import dataclasses
+
+    from keras_vit.cli import main
+    from keras_vit.training import data as data_lib
+    from keras_vit.training.recipes import load_recipe
 
     model = exported[2]
     run_dir = tmp_path / "runs" / "digits"
     run_dir.mkdir(parents=True)
     model.save(run_dir / "model.keras")
+    config = load_recipe("digits")
     labels = [f"digit {i}" for i in range(10)]
-    preprocessing = {**DIGITS_PREPROCESSING, "resize_method": "nearest"}
-    preprocessing["num_channels"] = preprocessing.pop("channels")
     (run_dir / "metadata.json").write_text(
-        json.dumps({"labels": labels, "preprocessing": preprocessing})
+        json.dumps(
+            {"labels": labels, "preprocessing": data_lib.preprocessing(config.data, 16)}
+        )
     )
-    spec = importlib.util.spec_from_file_location(
-        "recipe_export", REPO / "recipes" / "export.py"
-    )
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config)))
     root = tmp_path / "saved_models"
-    argv = [str(run_dir / "model.keras"), "--root", str(root), "--name", "vit_digits"]
-    assert recipe.main([*argv, "--tflite", "float32", "--calibration", "digits"]) == 0
+    argv = ["export", str(run_dir / "model.keras"), "--root", str(root)]
+    assert main([*argv, "--name", "vit_digits", "--tflite", "float32,int8"]) == 0
     out = capsys.readouterr().out
-    assert f"exported vit_digits version 1 under {root}/" in out
-    assert "tflite_float32: max_abs_diff_logits=" in out
+    assert f"exported vit_digits version 1 under {root}" in out
+    assert "parity tflite_int8: max_abs_diff_logits " in out
     metadata = read_json(root / "vit_digits" / "metadata.json")
     assert metadata["labels"] == labels
-    assert metadata["preprocessing"]["resize_method"] == "nearest"
-    # --calibration digits verifies on the held-out split: the fixture's x_test.
+    assert metadata["preprocessing"]["resize_method"] == "bilinear"
+    assert metadata["architecture"]["variant"] == "Ti/4"  # from config.json
+    # Checked on the run's held-out split: the 360 held-out digits.
     assert metadata["parity"]["num_images"] == 360
     assert metadata["parity"]["tflite_float32"]["top1_agreement"] == 1.0
     assert predict(root / "vit_digits.tflite", np.zeros((16, 16, 1)))[0][0][0] in labels

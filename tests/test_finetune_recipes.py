@@ -1,4 +1,4 @@
-"""The fine-tuning recipes (keras_vit/training/recipes/finetune_*.py) through the one
+"""The fine-tuning recipes (recipes/finetune_*.py) through the one
 trainer: a converted checkpoint fine-tuned on the digits (linear probe and
 full), and a resolution change that keeps the held-out accuracy."""
 

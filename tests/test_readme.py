@@ -1,18 +1,17 @@
-"""The README is run: every ```bash block from the repository root and every
-```python block as a script in a fresh process (```console and other
-languages are shown, not run).
+"""The README and the docs/ pages are run: every ```bash block from the
+repository root and every ```python block as a script in a fresh process
+(```console and other languages are shown, not run).
 
-The two set-up commands at the top are the exception: running `pip install`
-and the whole test suite from inside the test suite would recurse, and the
-default recipe is the training tests' job. They are checked instead: the
-test command is `.ci/run`'s, the extras exist in setup.py, and
-`python recipes/train.py` with no arguments trains the default recipe and
-exports it.
+The two set-up commands at the top of the README are the exception: running
+`pip install` and the whole test suite from inside the test suite would
+recurse, and the main job is the training tests' job (and
+tests/test_user_path.py runs it in a fresh venv). They are checked instead:
+the test command is `.ci/run`'s, the extras exist in setup.py, and
+`keras-vit train digits` trains the default recipe and exports it.
 """
 
 import ast
 import dataclasses
-import importlib.util
 import os
 import re
 import shlex
@@ -27,16 +26,18 @@ from keras_vit import parse_variant
 from keras_vit.analysis import flops
 
 README = REPO / "README.md"
+# The guide and its reference pages, every block of each run the same way.
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.M | re.S)
 SECTION = re.compile(r"^<!-- section: (\S+) -->", re.M)
 RUN = ("bash", "python")
 SHOWN = ("console", "text", "json", "yaml", "toml")
 
 
-def readme_blocks() -> list[tuple[str, str, str]]:
-    """`(id, language, code)` for every fenced block, in order; the id names
-    the README section and the block's number in it."""
-    text = README.read_text(encoding="utf-8")
+def page_blocks(page) -> list[tuple[str, str, str]]:
+    """`(id, language, code)` for every fenced block of `page`, in order; the
+    id names the page, the section and the block's number in it."""
+    text = page.read_text(encoding="utf-8")
     sections = [(m.start(), m.group(1)) for m in SECTION.finditer(text)]
     blocks, counts = [], {}
     for match in FENCE.finditer(text):
@@ -45,12 +46,13 @@ def readme_blocks() -> list[tuple[str, str, str]]:
             if start < match.start():
                 section = name
         counts[section] = counts.get(section, 0) + 1
-        block_id = f"{section}-{counts[section]}-{match.group(1) or 'bare'}"
+        kind = match.group(1) or "bare"
+        block_id = f"{page.stem}-{section}-{counts[section]}-{kind}"
         blocks.append((block_id, match.group(1).strip(), match.group(2)))
     return blocks
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [block for page in PAGES for block in page_blocks(page)]
 SETUP = BLOCKS[0]
 RUNNABLE = [b for b in BLOCKS[1:] if b[1] in RUN]
 
@@ -58,7 +60,7 @@ RUNNABLE = [b for b in BLOCKS[1:] if b[1] in RUN]
 def test_every_block_is_run_or_marked_as_shown_only():
     for block_id, language, _ in BLOCKS:
         assert language in RUN + SHOWN, (
-            f"README block {block_id}: language {language!r} is neither run "
+            f"block {block_id}: language {language!r} is neither run "
             f"({RUN}) nor shown-only ({SHOWN})"
         )
 
@@ -85,9 +87,9 @@ def setup_extras() -> set[str]:
 
 def test_setup_commands_are_the_ones_ci_and_the_recipe_use():
     block_id, language, code = SETUP
-    assert (block_id, language) == ("top-1-bash", "bash")
+    assert (block_id, language) == ("README-top-1-bash", "bash")
     main_job, test_job = code.strip().splitlines()
-    assert main_job == 'pip install -e ".[cpu,export]" && python recipes/train.py'
+    assert main_job == 'pip install -e ".[cpu,export]" && keras-vit train digits'
     assert test_job == (
         'pip install -e ".[cpu,test]" && pip install --no-deps '
         "tensorflow-serving-api && python -m pytest"
@@ -113,23 +115,21 @@ def test_setup_commands_are_the_ones_ci_and_the_recipe_use():
         assert set(named) <= extras, (named, extras)
 
 
-def test_python_recipes_train_py_trains_and_exports_the_default_recipe(monkeypatch):
+def test_keras_vit_train_digits_trains_and_exports_the_default_recipe(
+    monkeypatch, capsys
+):
+    from keras_vit import cli
     from keras_vit.training import recipes
     from keras_vit.training import trainer as training
 
-    spec = importlib.util.spec_from_file_location(
-        "readme_recipe_train", REPO / "recipes" / "train.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     seen = []
 
     def fake_train(config):
         seen.append(config)
-        return {"accuracy": 0.0, "run_dir": "unused"}
+        return {"name": config.name, "accuracy": 0.0, "run_dir": "runs/digits"}
 
     monkeypatch.setattr(training, "train", fake_train)
-    assert script.main([]) == 0
+    assert cli.main(["train", "digits"]) == 0
     (config,) = seen
     # Only the progress display depends on whether stdout is a terminal.
     assert config.verbose in (1, 2)
@@ -137,11 +137,25 @@ def test_python_recipes_train_py_trains_and_exports_the_default_recipe(monkeypat
         recipes.load_recipe("digits"), verbose=config.verbose
     )
     assert config.data.source == "digits"
-    assert config.export_name  # "... and exported into saved_models/"
+    assert config.export_name  # "... and exported for TF Serving and TFLite"
+    assert "keras-vit evaluate runs/digits/model.keras" in capsys.readouterr().out
 
 
-def section_text(name: str) -> str:
+def test_readme_is_short_and_no_page_names_internal_paths_or_issues():
     text = README.read_text(encoding="utf-8")
+    # A guide read in ten minutes; the reference lives in docs/.
+    assert len(text.splitlines()) < 200
+    for page in PAGES:
+        body = page.read_text(encoding="utf-8")
+        assert not re.search(r"(?<![\w.$])/(work|tmp|root|home)/", body), page.name
+        assert not re.search(r"\bissue \d+|(?<![\w&])#\d{1,3}\b", body), page.name
+        assert "recipes/train.py" not in body and "recipes/export.py" not in body
+    for link in re.findall(r"\]\((docs/[^)#]+)\)", text):
+        assert (REPO / link).is_file(), link
+
+
+def section_text(name: str, page=REPO / "docs" / "models.md") -> str:
+    text = page.read_text(encoding="utf-8")
     start = text.index(f"<!-- section: {name} -->")
     following = SECTION.search(text, start + 1)
     return text[start : following.start() if following else len(text)]
@@ -193,16 +207,18 @@ def test_variant_table_matches_the_models():
 
 
 def test_pictures_exist_open_and_are_small():
-    text = README.read_text(encoding="utf-8")
-    pictures = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
-    assert pictures, "the README shows no picture"
-    for picture in pictures:
-        path = REPO / picture
-        assert path.is_file(), picture
-        assert path.stat().st_size < 200_000, (picture, path.stat().st_size)
-        with Image.open(path) as image:
-            image.load()
-            assert image.format == "PNG"
+    shown = 0
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for picture in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text):
+            path = page.parent / picture
+            assert path.is_file(), (page.name, picture)
+            assert path.stat().st_size < 200_000, (picture, path.stat().st_size)
+            with Image.open(path) as image:
+                image.load()
+                assert image.format == "PNG"
+            shown += 1
+    assert shown, "no page shows a picture"
 
 
 @pytest.mark.slow
@@ -220,6 +236,6 @@ def test_readme_block_runs(block, tmp_path):
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, (
-        f"README block {block_id} failed ({proc.returncode}):\n{code}\n"
+        f"block {block_id} failed ({proc.returncode}):\n{code}\n"
         f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
     )

@@ -223,10 +223,10 @@ def test_cli_turns_run_folder_errors_into_one_line(tmp_path, capsys, monkeypatch
         cli_train(tmp_path, capsys)
 
 
-def test_recipe_script_turns_package_errors_into_one_line(tmp_path):
-    script = os.path.join(os.path.dirname(__file__), "..", "recipes", "train.py")
+def test_train_command_turns_package_errors_into_one_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, script, "digits", "--optim.learning_rate", "nan"],
+        [sys.executable, "-m", "keras_vit.cli", "train", "digits"]
+        + ["--optim.learning_rate", "nan"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -62,33 +62,59 @@ def test_progress_is_a_bar_in_a_terminal_and_one_line_per_epoch_elsewhere():
     assert progress_verbosity({"verbose": "0"}, Terminal()) == {"verbose": "0"}
 
 
-def test_summary_names_every_file_and_the_commands():
+def test_summary_names_every_file_and_what_to_run_next():
     metadata = {
         "name": "digits",
         "accuracy": 0.98333,
         "run_dir": "runs/digits",
-        "paths": {"model": "runs/digits/model.keras"},
+        "paths": {
+            "model": "runs/digits/model.keras",
+            "history": "runs/digits/history.csv",
+            "curves": "runs/digits/curves.png",
+            "tensorboard": "runs/digits/tensorboard",
+        },
         "export": {
             "name": "vit_digits",
+            "version": 3,
             "files": {"vit_digits/3": 1, "vit_digits.tflite": 2},
         },
     }
     lines = run_summary(metadata, "saved_models").splitlines()
-    assert lines[0] == "accuracy=0.9833 run_dir=runs/digits"
-    assert lines[1:] == [
-        "  model       runs/digits/model.keras",
-        "  metadata    runs/digits/metadata.json",
-        "  SavedModel  saved_models/vit_digits/3",
-        "  TFLite      saved_models/vit_digits.tflite",
-        "  predict     keras-vit predict saved_models/vit_digits IMAGE.png",
-        '  serve       docker run --rm -p 8501:8501 -v "$PWD/saved_models/vit_digits:'
+    assert lines[0] == "digits: done, held-out accuracy 0.9833. It made:"
+    made = [line.split()[0] for line in lines[1 : lines.index("Next:")]]
+    assert made == [
+        "runs/digits/model.keras",
+        "runs/digits/metadata.json",
+        "runs/digits/history.csv",
+        "runs/digits/curves.png",
+        "saved_models/vit_digits/3",
+        "saved_models/vit_digits.tflite",
+    ]
+    assert lines[lines.index("Next:") + 1 :] == [
+        "  keras-vit evaluate runs/digits/model.keras",
+        "  keras-vit visualize runs/digits/model.keras IMAGE.png",
+        "  keras-vit predict saved_models/vit_digits IMAGE.png",
+        '  docker run --rm -p 8501:8501 -v "$PWD/saved_models/vit_digits:'
         '/models/vit_digits" -e MODEL_NAME=vit_digits tensorflow/serving',
+        "  tensorboard --logdir runs/digits/tensorboard",
     ]
     del metadata["export"]
-    assert run_summary(metadata).splitlines()[-2:] == [
-        "  predict     keras-vit predict runs/digits/model.keras IMAGE.png",
-        "  export      keras-vit export runs/digits/model.keras --name digits",
+    assert run_summary(metadata).splitlines()[-3:-1] == [
+        "  keras-vit predict runs/digits/model.keras IMAGE.png",
+        "  keras-vit export runs/digits/model.keras --name digits",
     ]
+
+
+def test_summary_evaluates_a_folder_run_on_its_own_held_out_split():
+    from keras_vit.training.config import DataConfig
+
+    metadata = {"name": "mine", "accuracy": 0.5, "run_dir": "runs/mine"}
+    data = DataConfig(source="folder", path="my images", eval_split="test")
+    lines = run_summary(metadata, data=data).splitlines()
+    assert (
+        "  keras-vit evaluate runs/mine/model.keras --data folder "
+        "--data-path 'my images' --split test"
+    ) in lines
 
 
 def test_command_hides_tensorflows_info_lines(tmp_path):
@@ -109,7 +135,7 @@ def test_command_hides_tensorflows_info_lines(tmp_path):
 def test_smoke_run_output_is_short_and_ends_with_the_summary(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "recipes" / "train.py"), "digits", "--smoke"]
+        [sys.executable, "-m", "keras_vit.cli", "train", "digits", "--smoke"]
         + ["--run_dir", str(run_dir)],
         cwd=tmp_path,
         env=user_env(),
@@ -122,17 +148,16 @@ def test_smoke_run_output_is_short_and_ends_with_the_summary(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert len(lines) < LINE_BUDGET, proc.stdout
     assert native_lines(proc.stdout) == []
-    # One line per epoch after Keras' "Epoch i/n", no progress bar redraws.
-    epochs = [i for i, line in enumerate(lines) if re.fullmatch(r"Epoch \d/2", line)]
-    assert len(epochs) == 2
-    for i in epochs:
-        assert re.match(r"1/1 - \S+ - \S+/step - accuracy: ", lines[i + 1])
+    # One short line per interval (no evaluation in smoke mode), no progress
+    # bar redraws.
+    steps = [line for line in lines if re.match(r"digits: step \d/2  loss ", line)]
+    assert len(steps) == 2, proc.stdout
     assert "\r" not in proc.stdout and "\x1b[" not in proc.stdout
-    summary = lines[-5:]
+    made = lines.index(next(line for line in lines if line.endswith("It made:")))
     assert re.fullmatch(
-        rf"accuracy=\d\.\d{{4}} run_dir={re.escape(str(run_dir))}", summary[0]
+        r"digits: done, held-out accuracy \d\.\d{4}\. It made:", lines[made]
     )
-    assert summary[1] == f"  model       {run_dir / 'model.keras'}"
-    assert summary[2] == f"  metadata    {run_dir / 'metadata.json'}"
-    assert summary[3].startswith("  predict     keras-vit predict ")
+    assert lines[made + 1].split()[0] == str(run_dir / "model.keras")
+    assert lines[made + 2].split()[0] == str(run_dir / "metadata.json")
+    assert f"  keras-vit evaluate {run_dir / 'model.keras'}" in lines
     assert (run_dir / "model.keras").is_file() and (run_dir / "metadata.json").is_file()

@@ -10,7 +10,8 @@ nothing is copied and the model is left unchanged.
 
 Images are passed exactly as the model takes them (already resized and
 normalised), one image `(height, width, channels)` or a batch. PNGs need
-matplotlib (`pip install "keras-vit[viz]"`); the arrays do not.
+matplotlib (part of the main install; `pip install "keras-vit-tf[viz]"`
+where it is missing); the arrays do not.
 """
 
 from __future__ import annotations
@@ -315,7 +316,7 @@ def _figure(width: float, height: float):
     except ImportError:
         raise ImportError(
             "Saving PNGs needs matplotlib, which is not installed; install it "
-            'with: pip install "keras-vit[viz]" (the arrays work without it).'
+            'with: pip install "keras-vit-tf[viz]" (the arrays work without it).'
         ) from None
     figure = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(figure)

@@ -45,19 +45,19 @@ def cmd_train(args) -> int:
     from keras_vit.training import trainer as training
 
     metadata = training.train(config)
-    print(report.run_summary(metadata, config.export_root))
+    print(report.run_summary(metadata, config.export_root, config.data))
     return 0
 
 
 TRAIN_HELP = """\
 usage: keras-vit train [RECIPE] [--key value | --key=value | --set key=value]...
 
-Trains a recipe (keras_vit/training/recipes/RECIPE.py, or a path to a config file) with
-keras_vit.training.trainer.train: checkpoints and resumes in its run folder, evaluates
-on the held-out split, saves model.keras and metadata.json, exports when the
-recipe names an export. Shows Keras' progress bar in a terminal, one line per
-epoch otherwise, and ends with a summary of the files written and the commands
-that use them.
+Trains a recipe (a name below: a file of keras-vit's recipes/ folder, or a
+path to a .py file that defines get_config()): checkpoints and resumes in its
+run folder (runs/RECIPE, runs/RECIPE-smoke with --smoke), evaluates on the
+held-out split, saves model.keras and metadata.json, exports when the recipe
+names an export. Shows Keras' progress bar in a terminal, one line per
+evaluation otherwise, and ends with the files it made and what to run next.
 
 recipes: {recipes} (default: digits)
 
@@ -108,7 +108,7 @@ def cmd_evaluate(args) -> int:
 def cmd_export(args) -> int:
     import numpy as np
 
-    from keras_vit.deploy import export
+    from keras_vit.training import outputs
 
     model = load_keras_model(args.model)
     metadata = model_metadata(args.model)
@@ -118,6 +118,9 @@ def cmd_export(args) -> int:
             "normalised; pass --mean and --std as used in training"
         )
     preprocessing = command_preprocessing(model, args.model, args.mean, args.std)
+    # A training run's folder: calibrate and check as the trainer does.
+    run = outputs.run_export_settings(Path(args.model).parent)
+    data = run.get("data")
     representative = None
     if args.representative:
         representative = np.load(
@@ -126,17 +129,25 @@ def cmd_export(args) -> int:
     kinds = split_list(args.tflite) if args.tflite is not None else None
     if kinds is None:
         kinds = ["float32", "float16", "dynamic_int8"]
-        kinds += ["int8"] if representative is not None else []
-    result = export.export_model(
+        if data is not None or representative is not None:
+            kinds.append("int8")
+        else:
+            print(
+                "int8 left out: no training run's config.json beside the model "
+                "to calibrate on; pass --representative IMAGES.npy"
+            )
+    result = outputs.export_run(
         model,
         args.name,
         args.root,
-        version=args.version,
         labels=metadata.get("labels"),
         preprocessing=preprocessing,
+        data=None if representative is not None else data,
+        seed=run.get("seed", 0),
         representative_images=representative,
+        version=args.version,
         tflite=tuple(kinds),
-        variant=args.variant,
+        variant=args.variant or run.get("variant"),
         top_k=args.top_k,
         quantize=args.quantize,
         **({"max_pixels": args.max_pixels} if args.max_pixels is not None else {}),
@@ -144,6 +155,14 @@ def cmd_export(args) -> int:
     print(f"exported {args.name} version {result['version']} under {args.root}")
     for name, size in sorted(result.get("files", {}).items()):
         print(f"  {Path(args.root) / name} ({size:,} bytes)")
+    for artifact, figures in (result.get("parity") or {}).items():
+        if isinstance(figures, dict):
+            shown = ", ".join(
+                f"{key} {value:.4g}"
+                for key, value in figures.items()
+                if isinstance(value, int | float)
+            )
+            print(f"  parity {artifact}: {shown}")
     return 0
 
 

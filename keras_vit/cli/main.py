@@ -108,8 +108,11 @@ def _add_export(command) -> None:
         cmd_export,
         "SavedModel (TF Serving) and .tflite files",
         "Exports a .keras model to <root>/<name>/<version>/ (TF Serving layout), "
-        "<root>/<name>*.tflite and metadata.json. Labels and preprocessing come "
-        "from the metadata.json beside the model (a training run's).",
+        "<root>/<name>*.tflite and metadata.json, each checked against the "
+        "Keras model; the same export a recipe's run makes. Labels and "
+        "preprocessing come from the metadata.json beside the model; in a "
+        "training run's folder int8 is calibrated on its training images and "
+        "every kind checked on its held-out split.",
     )
     export.add_argument("model", help=".keras model file")
     export.add_argument("--name", required=True, help="served model name")
@@ -119,11 +122,12 @@ def _add_export(command) -> None:
         "--tflite",
         help="comma-separated kinds (float32, float16, "
         "dynamic_int8, int8, int16x8); default: all but int16x8, int8 only "
-        "with --representative; '' for none",
+        "in a run's folder or with --representative; '' for none",
     )
     export.add_argument(
         "--representative",
-        help=".npy of raw training pixels (n, h, w, c) to calibrate int8",
+        help=".npy of raw training pixels (n, h, w, c) to calibrate int8 "
+        "(default in a run's folder: its training images)",
     )
     export.add_argument("--variant", help="variant for the metadata, e.g. Ti/16")
     export.add_argument(

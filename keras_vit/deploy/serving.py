@@ -290,7 +290,8 @@ def find_metadata(model_path) -> Path:
     raise ValueError(
         f"no metadata.json found for {str(model_path)!r} (looked at "
         f"{[str(c) for c in candidates]}); export the model with "
-        "keras_vit.export_model, or pass metadata="
+        "keras-vit export (keras_vit.deploy.export.export_model), or pass "
+        "metadata="
     )
 
 

@@ -187,7 +187,7 @@ class Runner:
         if SIGNATURE not in signatures:
             raise ValueError(
                 f"TFLite model has no {SIGNATURE!r} signature (it has "
-                f"{sorted(signatures)}); export it with keras_vit.export_model."
+                f"{sorted(signatures)}); export it with keras-vit export."
             )
         self.runner = self.interpreter.get_signature_runner(SIGNATURE)
         details = self.runner.get_input_details()["pixels"]

@@ -42,8 +42,7 @@ def _import_hub():
     except ImportError:
         raise ImportError(
             "Downloading checkpoints by name needs huggingface_hub: "
-            "`pip install huggingface_hub` (or keras-vit[hub]). Local paths work "
-            "without it."
+            'pip install "keras-vit-tf[hub]". Local paths work without it.'
         ) from None
     return huggingface_hub
 

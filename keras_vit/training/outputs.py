@@ -4,6 +4,7 @@ data) and `metadata.json`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 from keras_vit.training import data as data_lib
 from keras_vit.training import qat as qat_lib
 from keras_vit.training import run_folder
-from keras_vit.training.config import TrainConfig
+from keras_vit.training.config import DataConfig
 
 
 def has_tensorboard() -> bool:
@@ -55,7 +56,7 @@ def plot_history(history_csv: Path, png: Path, steps_per_row: int = 1) -> Path |
     return png
 
 
-def _raw_pixels(config: TrainConfig, dataset, limit: int) -> np.ndarray:
+def _raw_pixels(data: DataConfig, dataset, limit: int) -> np.ndarray:
     """Undoes the normalisation of up to `limit` images of `dataset`: raw
     pixels in `[0, pixel_scale]`, as clients of the export send them."""
     batches, count = [], 0
@@ -64,30 +65,87 @@ def _raw_pixels(config: TrainConfig, dataset, limit: int) -> np.ndarray:
         count += len(batches[-1])
         if count >= limit:
             break
-    mean = np.asarray(config.data.mean, "float32")
-    std = np.asarray(config.data.std, "float32")
-    return (np.concatenate(batches)[:limit] * std + mean) * config.data.pixel_scale
+    mean = np.asarray(data.mean, "float32")
+    std = np.asarray(data.std, "float32")
+    return (np.concatenate(batches)[:limit] * std + mean) * data.pixel_scale
 
 
-def _export(model, config, labels, preprocessing, image_size) -> dict:
-    """Exports with int8 calibration on training images and every parity
-    figure measured on the held-out split (at most 2,000 images)."""
+def run_export_settings(run_dir: Path) -> dict:
+    """What `export_run` takes from the training run in `run_dir` (its
+    config.json): `data` (its DataConfig), `seed` and `variant`; {} when the
+    folder holds no run."""
+    path = Path(run_dir) / "config.json"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        data, model = saved["data"], saved.get("model") or {}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        return {}
+    known = {field.name for field in dataclasses.fields(DataConfig)}
+    values = {
+        key: tuple(value) if isinstance(value, list) else value
+        for key, value in data.items()
+        if key in known
+    }
+    return {
+        "data": DataConfig(**values),
+        "seed": int(saved.get("seed") or 0),
+        "variant": model.get("variant") or None,
+    }
+
+
+def export_run(
+    model,
+    name: str,
+    root,
+    *,
+    labels,
+    preprocessing: dict,
+    data: DataConfig | None = None,
+    seed: int = 0,
+    representative_images=None,
+    **options,
+) -> dict:
+    """The one export of a trained model, for the trainer and `keras-vit
+    export`: with the run's `data`, int8 is calibrated on 512 training images
+    (the pipeline's own resize, normalisation and augmentation, undone back to
+    raw pixels) and every parity figure is measured on the held-out split (at
+    most 2,000 images); without it, on `representative_images` if given.
+    `options` go to `keras_vit.deploy.export.export_model` (version, tflite,
+    variant, top_k, quantize, max_pixels)."""
     from keras_vit.deploy.export import export_model
 
-    train = data_lib.make_train_dataset(config.data, image_size, 64, config.seed)
-    held_out = data_lib.make_eval_dataset(config.data, image_size, 256)
+    verify = None
+    if data is not None:
+        size = tuple(preprocessing["image_size"])
+        train = data_lib.make_train_dataset(data, size, 64, seed)
+        held_out = data_lib.make_eval_dataset(data, size, 256)
+        representative_images = _raw_pixels(data, train, 512)
+        verify = _raw_pixels(data, held_out, 2000)
     result = export_model(
         model,
-        config.export_name,
-        root=config.export_root,
+        name,
+        root=root,
         labels=labels,
         preprocessing=preprocessing,
-        representative_images=_raw_pixels(config, train, 512),
-        verify_images=_raw_pixels(config, held_out, 2000),
+        representative_images=representative_images,
+        verify_images=verify,
+        **options,
+    )
+    return result if isinstance(result, dict) else {"path": str(result)}
+
+
+def _export(model, config, labels, preprocessing) -> dict:
+    return export_run(
+        model,
+        config.export_name,
+        config.export_root,
+        labels=labels,
+        preprocessing=preprocessing,
+        data=config.data,
+        seed=config.seed,
         variant=config.model.variant,
         quantize=config.export_quantize or None,
     )
-    return result if isinstance(result, dict) else {"path": str(result)}
 
 
 def write_qat(qat_model, config, metadata, run_dir, size) -> dict:
@@ -100,13 +158,16 @@ def write_qat(qat_model, config, metadata, run_dir, size) -> dict:
         run_dir,
         metadata["labels"],
         metadata["preprocessing"],
-        _raw_pixels(config, train, 512),
-        _raw_pixels(config, held_out, 2000),
+        _raw_pixels(config.data, train, 512),
+        _raw_pixels(config.data, held_out, 2000),
     )
 
 
-def write_outputs(model, config, metadata, run_dir, size) -> None:
-    """The chief's files: model.keras, curves, the export and metadata.json."""
+def write_outputs(model, config, metadata, run_dir, size, finished=False) -> None:
+    """The chief's files: model.keras, curves, the export and metadata.json.
+    `finished`: the run had finished before this call trained anything, so
+    the export it made then is kept rather than written again as a new
+    version."""
     paths = metadata["paths"]
     paths["model"] = str(run_dir / "model.keras")
     model.save(paths["model"])
@@ -118,10 +179,26 @@ def write_outputs(model, config, metadata, run_dir, size) -> None:
             paths["curves"] = str(curves)
     if has_tensorboard():
         paths["tensorboard"] = str(run_dir / "tensorboard")
-    if config.export_name:
+    previous = _previous_export(run_dir) if finished else None
+    if previous is not None and previous.get("name") == config.export_name:
+        metadata["export"] = previous
+        print(
+            f"{config.name}: kept the export it made then ({config.export_root}/"
+            f"{previous['name']}, version {previous.get('version')}); no new version"
+        )
+    elif config.export_name:
         labels, preprocessing = metadata["labels"], metadata["preprocessing"]
-        metadata["export"] = _export(model, config, labels, preprocessing, size)
+        metadata["export"] = _export(model, config, labels, preprocessing)
     (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str))
+
+
+def _previous_export(run_dir: Path) -> dict | None:
+    try:
+        saved = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    export = saved.get("export") if isinstance(saved, dict) else None
+    return export if isinstance(export, dict) and export.get("files") else None
 
 
 def _number(text: str) -> float:

@@ -1,13 +1,15 @@
-"""What a training run shows its user: Keras' progress display suited to where
-the output goes, and the closing summary (held-out accuracy, where the model
-and each export were written, the commands that predict with or serve them).
-Shared by `keras-vit train` and recipes/train.py."""
+"""What a training run shows its user: the progress display suited to where
+the output goes, and the closing summary (held-out accuracy, the files the
+run made, the commands to run next)."""
 
 from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path, PurePath
+
+import keras
 
 IMAGE = "IMAGE.png"
 
@@ -15,8 +17,8 @@ IMAGE = "IMAGE.png"
 def progress_verbosity(overrides: dict, stream=None) -> dict:
     """`overrides` with `verbose` chosen for `stream` (default stdout) unless
     the user set it: Keras' progress bar (1) in a terminal; elsewhere (a log
-    file, CI, a pipe) one line per epoch (2), as the bar redraws itself with
-    control characters that a file keeps."""
+    file, CI, a pipe) one short line per evaluation (2, `StepLines`), as the
+    bar redraws itself with control characters that a file keeps."""
     if "verbose" in overrides:
         return overrides
     stream = sys.stdout if stream is None else stream
@@ -24,34 +26,95 @@ def progress_verbosity(overrides: dict, stream=None) -> dict:
     return {**overrides, "verbose": "1" if interactive else "2"}
 
 
-def run_summary(metadata: dict, export_root: str | PurePath = "saved_models") -> str:
+class StepLines(keras.callbacks.Callback):
+    """One line at each held-out evaluation (every `eval_every` intervals of
+    `steps_per_epoch` steps; each interval when 0) and at the last step: the
+    step, the training loss and accuracy, the held-out accuracy, the time so
+    far."""
+
+    def __init__(
+        self, name: str, total_steps: int, steps_per_epoch: int, eval_every: int
+    ):
+        super().__init__()
+        self.name = name
+        self.total_steps = total_steps
+        self.steps_per_epoch = steps_per_epoch
+        self.eval_every = eval_every
+        self.started = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        step = (epoch + 1) * self.steps_per_epoch
+        shown = not self.eval_every or (epoch + 1) % self.eval_every == 0
+        if not shown and step < self.total_steps:
+            return
+        parts = [f"{self.name}: step {step}/{self.total_steps}"]
+        for key in ("loss", "accuracy"):
+            if key in logs:
+                parts.append(f"{key} {float(logs[key]):.4f}")
+        if "val_accuracy" in logs:
+            parts.append(f"held-out accuracy {float(logs['val_accuracy']):.4f}")
+        parts.append(f"({time.perf_counter() - self.started:.0f} s)")
+        print("  ".join(parts), flush=True)
+
+
+def run_summary(
+    metadata: dict, export_root: str | PurePath = "saved_models", data=None
+) -> str:
     """The lines that end a run, from `train()`'s metadata: the held-out
-    accuracy, the model and export paths, and commands that use them."""
+    accuracy, each file the run made, and the commands that use them.
+    `data` (the run's DataConfig) makes the `evaluate` command point at the
+    run's own held-out split."""
+    run_dir = Path(metadata["run_dir"])
     paths = metadata.get("paths", {})
-    model = paths.get("model", str(Path(metadata["run_dir"]) / "model.keras"))
+    model = paths.get("model", str(run_dir / "model.keras"))
+    name = metadata.get("name", "model")
     lines = [
-        f"accuracy={metadata['accuracy']:.4f} run_dir={metadata['run_dir']}",
-        f"  model       {model}",
-        f"  metadata    {Path(metadata['run_dir']) / 'metadata.json'}",
+        f"{name}: done, held-out accuracy {metadata['accuracy']:.4f}. It made:",
+        f"  {model:<36} the trained model",
+        f"  {str(run_dir / 'metadata.json'):<36} accuracy, labels, preprocessing",
     ]
+    if paths.get("history"):
+        lines.append(f"  {paths['history']:<36} loss and accuracy per interval")
+    if paths.get("curves"):
+        lines.append(f"  {paths['curves']:<36} the same, drawn")
     export = metadata.get("export")
-    if not isinstance(export, dict) or not export.get("files"):
-        lines += [
-            f"  predict     keras-vit predict {_quote(model)} {IMAGE}",
-            f"  export      keras-vit export {_quote(model)} --name "
-            f"{metadata.get('name', 'model')}",
-        ]
-        return "\n".join(lines)
+    exported = isinstance(export, dict) and export.get("files")
     root = Path(export_root)
-    name = export["name"]
-    for file in export["files"]:
-        kind = "TFLite" if file.endswith(".tflite") else "SavedModel"
-        lines.append(f"  {kind:<11} {root / file}")
-    lines += [
-        f"  predict     keras-vit predict {_quote(root / name)} {IMAGE}",
-        f"  serve       {serve_command(root, name)}",
-    ]
+    if exported:
+        version = export.get("version")
+        lines.append(
+            f"  {str(root / export['name'] / str(version)):<36} SavedModel for "
+            "TF Serving"
+        )
+        for file in export["files"]:
+            if file.endswith(".tflite"):
+                lines.append(f"  {str(root / file):<36} TFLite")
+    lines.append("Next:")
+    lines.append(f"  keras-vit evaluate {_quote(model)}{_data_flags(data)}")
+    lines.append(f"  keras-vit visualize {_quote(model)} {IMAGE}")
+    if exported:
+        lines.append(f"  keras-vit predict {_quote(root / export['name'])} {IMAGE}")
+        lines.append(f"  {serve_command(root, export['name'])}")
+    else:
+        lines.append(f"  keras-vit predict {_quote(model)} {IMAGE}")
+        lines.append(f"  keras-vit export {_quote(model)} --name {name}")
+    if paths.get("tensorboard"):
+        lines.append(f"  tensorboard --logdir {_quote(paths['tensorboard'])}")
     return "\n".join(lines)
+
+
+def _data_flags(data) -> str:
+    """`evaluate`'s options for the run's held-out split (none for the
+    digits, its default)."""
+    if data is None or data.source == "digits":
+        return ""
+    flags = f" --data {data.source}"
+    if data.path:
+        flags += f" --data-path {_quote(data.path)}"
+    if data.eval_split != "val":
+        flags += f" --split {_quote(data.eval_split)}"
+    return flags
 
 
 def serve_command(root: str | PurePath, name: str) -> str:

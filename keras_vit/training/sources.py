@@ -43,7 +43,7 @@ class Source:
 
 
 def digits_arrays() -> dict[str, np.ndarray]:
-    """THE digits split, shared by the `digits` source, recipes/export.py and
+    """THE digits split, shared by the `digits` source, the export and
     the tests: scikit-learn's 1,797 digits as raw 8x8x1 float32 pixels in
     0..255, stratified 80/20 (`x_train`, `y_train`: 1,437; `x_eval`,
     `y_eval`: 360). Resize or repeat channels after the split, per image, and

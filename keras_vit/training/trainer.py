@@ -35,6 +35,7 @@ from keras_vit.training.optimizer import (
     make_optimizer,
 )
 from keras_vit.training.outputs import has_tensorboard, write_outputs, write_qat
+from keras_vit.training.report import StepLines
 
 __all__ = ["build_model", "train"]
 
@@ -130,10 +131,20 @@ def _stage_of_checkpoint(stages, step: int):
     return 0
 
 
-def _callbacks(run_dir: Path, chief: bool):
+def _callbacks(run_dir: Path, chief: bool, config: TrainConfig):
     # Saves every interval, atomically; a NaN loss raises NonFiniteLossError
     # and keeps the last good checkpoint.
     callbacks = [checkpoint_lib.CheckpointCallback(run_dir / "checkpoints")]
+    if config.verbose == 2:
+        # Keras' own per-epoch display takes two lines an interval.
+        callbacks.append(
+            StepLines(
+                config.name,
+                config.total_steps,
+                config.checkpoint_every,
+                config.eval_every,
+            )
+        )
     if chief:
         callbacks.append(run_folder.HistoryWriter(run_dir / run_folder.HISTORY_FILE))
         if has_tensorboard():
@@ -225,6 +236,16 @@ def _run(config, settings, run_dir, strategy, chief, clock, config_changes) -> d
     keras.utils.set_random_seed(config.seed)
     stages = _stages(config)
     model, fitted, step = _restore(config, strategy, stages, len(labels), run_dir)
+    finished = step >= stages[-1][1]
+    if chief and step:
+        print(
+            f"{config.name}: {run_dir} had finished at step {step}: nothing to "
+            "train; evaluating and saving it again (a new run: --run_dir "
+            "another folder)"
+            if finished
+            else f"{config.name}: resuming {run_dir} from step {step} of "
+            f"{stages[-1][1]}"
+        )
     model, fitted, step, skipped, trained = _fit_stages(
         model, fitted, config, strategy, stages, step, run_dir, chief
     )
@@ -260,7 +281,7 @@ def _run(config, settings, run_dir, strategy, chief, clock, config_changes) -> d
         # Saved, exported and returned as an ordinary model.
         model = merge_lora(model)
     if chief:
-        write_outputs(model, config, metadata, run_dir, size)
+        write_outputs(model, config, metadata, run_dir, size, finished=finished)
     metadata["model"] = model
     if config.qat:
         metadata["qat_model"] = fitted
@@ -321,8 +342,8 @@ def _fit_stages(model, fitted, config, strategy, stages, step, run_dir, chief):
             steps_per_epoch=ce,
             epochs=end // ce,
             initial_epoch=step // ce,
-            callbacks=_callbacks(run_dir, chief),
-            verbose=config.verbose,
+            callbacks=_callbacks(run_dir, chief, config),
+            verbose=0 if config.verbose == 2 else config.verbose,
             shuffle=False,  # the stream is shuffled, deterministically
             **fit_kwargs,
         )

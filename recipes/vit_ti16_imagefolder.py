@@ -1,6 +1,6 @@
 """ViT-Ti/16 (DeiT-Ti) from scratch on an ImageNet-style image folder.
 
-    python recipes/train.py vit_ti16_imagefolder --data.path /data/imagenet \\
+    keras-vit train vit_ti16_imagefolder --data.path /data/imagenet \\
         --strategy mirrored
 
 `data.path` holds `train/<class>/*.jpg` and `val/<class>/*.jpg`. The

@@ -1,8 +1,8 @@
 """Linear probe of a pretrained ViT on the digits: only a new head trains.
 
-    python recipes/train.py digits          # pretrains: runs/digits/model.keras
-    python recipes/train.py finetune_digits_probe
-    python recipes/train.py finetune_digits_probe --model.pretrained ckpt_dir \\
+    keras-vit train digits          # pretrains: runs/digits/model.keras
+    keras-vit train finetune_digits_probe
+    keras-vit train finetune_digits_probe --model.pretrained ckpt_dir \\
         --data.source folder --data.path my_images --data.num_channels 3
 
 `model.pretrained` is a keras_vit `.keras` file of this recipe's architecture

@@ -1,8 +1,8 @@
 """Fine-tunes a pretrained ViT on the digits at twice its resolution.
 
-    python recipes/train.py digits          # pretrains: runs/digits/model.keras
-    python recipes/train.py finetune_digits
-    python recipes/train.py finetune_digits --model.pretrained my_vit.keras
+    keras-vit train digits          # pretrains: runs/digits/model.keras
+    keras-vit train finetune_digits
+    keras-vit train finetune_digits --model.pretrained my_vit.keras
 
 The model is the digits recipe's ViT-Ti/4 with the weights of
 `model.pretrained`, rebuilt at 32x32: the 4x4 grid of position embeddings is

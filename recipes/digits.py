@@ -1,7 +1,7 @@
 """The default recipe: a small ViT on scikit-learn's bundled handwritten digits.
 
-    python recipes/train.py                  # this recipe
-    python recipes/train.py --smoke          # two steps
+    keras-vit train                  # this recipe
+    keras-vit train --smoke          # two steps
 
 1,437 training images (8x8 ink levels scaled to 0..255, resized to 16x16
 bilinearly, normalised as (pixels / 255 - 0.5) / 0.5), 360 held out (the

@@ -1,6 +1,6 @@
 """Progressive resizing on the digits: 12x12 for the first half, then 16x16.
 
-    python recipes/train.py digits_progressive
+    keras-vit train digits_progressive
 
 At step 1,300 (about half of the digits recipe's 2,700) the model is rebuilt
 at 16x16 with `keras_vit.models.resolution.with_image_size` (the 3x3 position

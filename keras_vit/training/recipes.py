@@ -1,17 +1,17 @@
-"""Recipes: named training configs that ship with the package.
+"""Finds, loads and shrinks recipes: the training configs in the top-level
+`recipes/` folder (shipped in the wheel as `keras_vit/recipes/`).
 
-Each module here defines `get_config()` returning a `TrainConfig`; its
-docstring says the command that runs it and the result it reaches. A recipe
-is named by its module name (`keras-vit train digits`) or given as a path to
-a `.py` file of the same shape.
+A recipe is a `.py` file that defines `get_config()` returning a
+`TrainConfig`; its docstring says the command that runs it and the result it
+reaches. It is named by its file stem (`keras-vit train digits`) or given as
+a path (`keras-vit train path/to/my_recipe.py`).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
-import importlib
 import importlib.util
-import pkgutil
 from pathlib import Path
 
 from keras_vit.models.vit import VARIANTS
@@ -42,6 +42,8 @@ def smoke_version(config: TrainConfig) -> TrainConfig:
         batch_size=batch,
         eval_batch_size=min(config.eval_batch_size, 8),
         export_name="",
+        # Its own folder: a smoke run never holds (or blocks) the real run's.
+        run_dir=config.run_dir or str(Path("runs") / f"{config.name}-smoke"),
         model=dataclasses.replace(
             config.model,
             image_size=small(config.model.image_size),
@@ -62,35 +64,71 @@ def smoke_version(config: TrainConfig) -> TrainConfig:
     )
 
 
-def recipe_names() -> list[str]:
-    return sorted(
-        info.name
-        for info in pkgutil.iter_modules(__path__)
-        if not info.name.startswith("_")
+def recipes_folder() -> Path:
+    """The folder of the shipped recipes: `keras_vit/recipes/` in an
+    installed wheel, the repository's `recipes/` in a source checkout."""
+    package = Path(__file__).resolve().parents[1]
+    for folder in (package / "recipes", package.parent / "recipes"):
+        if (folder / "digits.py").is_file():
+            return folder
+    raise FileNotFoundError(
+        f"no recipes folder beside {package}: reinstall keras-vit-tf "
+        "(pip install keras-vit-tf[cpu], or pip install -e . in a checkout)"
     )
 
 
-def base_recipe(name_or_path: str) -> TrainConfig:
-    """`get_config()` of a recipe, as it is: for recipes built on others."""
+def recipe_names() -> list[str]:
+    return sorted(
+        path.stem
+        for path in recipes_folder().glob("*.py")
+        if not path.stem.startswith("_")
+    )
+
+
+def recipe_path(name_or_path: str) -> Path:
+    """The file of recipe `name_or_path`: a shipped recipe's name or a path to
+    a `.py` file that defines `get_config()` (checked without running it)."""
     path = Path(name_or_path)
-    if path.suffix == ".py":
-        if not path.is_file():
-            raise ValueError(f"Recipe file {str(path)!r} does not exist.")
-        spec = importlib.util.spec_from_file_location(
-            f"keras_vit_recipe_{path.stem}", path
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    elif name_or_path in recipe_names():
-        module = importlib.import_module(f"{__name__}.{name_or_path}")
-    else:
+    if path.suffix != ".py":
+        if name_or_path in recipe_names():
+            return recipes_folder() / f"{name_or_path}.py"
         raise ValueError(
             f"No recipe {name_or_path!r}; valid recipes are {recipe_names()} "
             "(or a path to a .py config file)."
         )
+    if not path.is_file():
+        raise ValueError(f"Recipe file {str(path)!r} does not exist.")
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except (SyntaxError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"Recipe file {str(path)!r} is not valid Python: {error}"
+        ) from None
+    defines = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    if "get_config" not in defines:
+        raise ValueError(
+            f"{str(path)!r} is not a recipe: a recipe defines get_config() "
+            "returning a TrainConfig (see the files in keras-vit's recipes/)."
+        )
+    return path
+
+
+def base_recipe(name_or_path: str) -> TrainConfig:
+    """`get_config()` of a recipe, as it is: for recipes built on others."""
+    path = recipe_path(name_or_path)
+    spec = importlib.util.spec_from_file_location(f"keras_vit_recipe_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     config = module.get_config()
     if not isinstance(config, TrainConfig):
-        raise ValueError(f"{path}: get_config() must return a TrainConfig.")
+        raise ValueError(
+            f"{str(path)!r}: get_config() returned {type(config).__name__}, "
+            "not a TrainConfig."
+        )
     return config
 
 
@@ -118,6 +156,8 @@ def keys_request(args: list[str]) -> list[str] | None:
 
 __all__ = [
     "base_recipe",
+    "recipe_path",
+    "recipes_folder",
     "keys_request",
     "load_recipe",
     "recipe_names",

@@ -1,9 +1,9 @@
 """LoRA fine-tune of a pretrained ViT on the digits: low-rank adapters on
 every block's QKV and attention projection, and the head, train.
 
-    python recipes/train.py digits          # pretrains: runs/digits/model.keras
-    python recipes/train.py finetune_digits_lora
-    python recipes/train.py finetune_digits_lora --model.lora_rank 4
+    keras-vit train digits          # pretrains: runs/digits/model.keras
+    keras-vit train finetune_digits_lora
+    keras-vit train finetune_digits_lora --model.lora_rank 4
 
 The linear probe's base and steps (`finetune_digits_probe`: the digits
 recipe's ViT-Ti/4 at 16x16, 200 steps, no augmentation) with
