@@ -98,25 +98,38 @@ def test_allowed_change_is_recorded_and_free_keys_may_change(tmp_path, finished_
     assert first["steps"] == 2 and resumed["steps"] == 6
 
 
+HOLD_LOCK = """
+import sys, time
+from keras_vit.training.run_folder import RunLock
+lock = RunLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
 def test_second_trainer_stops_at_once_naming_the_first(tmp_path, finished_run):
     run_dir, _, _ = finished_run
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(run_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        lock = run_dir / run_folder.LOCK_FILE
-        lock.write_text(json.dumps({"pid": other.pid, "host": socket.gethostname()}))
+        assert other.stdout.readline().strip() == "held"
         before = snapshot(run_dir)
         with pytest.raises(RunLockedError) as error:
             training.train(tiny(tmp_path, total_steps="4"))
-        assert f"process {other.pid} on host {socket.gethostname()!r}" in str(
-            error.value
-        )
+        message = str(error.value)
+        assert f"process {other.pid} on host {socket.gethostname()!r}" in message
+        assert len(message.splitlines()) == 1
         assert snapshot(run_dir) == before  # nothing written, the lock kept
     finally:
-        other.kill()
+        other.kill()  # SIGKILL: no cleanup runs, the kernel drops the lock
         other.wait()
-    # The owner is gone now: its lock is stale, reclaimed with a warning.
-    with pytest.warns(UserWarning, match=f"stale lock .* process {other.pid}"):
-        metadata = training.train(tiny(tmp_path, total_steps="4"))
+    # The lock file is still there, naming a dead process; it is not a lock.
+    assert (run_dir / run_folder.LOCK_FILE).exists()
+    metadata = training.train(tiny(tmp_path, total_steps="4"))
     assert metadata["steps"] == 4
     assert not (run_dir / run_folder.LOCK_FILE).exists()  # released at the end
 
@@ -131,12 +144,20 @@ def test_lock_is_released_when_the_run_fails(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / run_folder.LOCK_FILE).exists()
 
 
-def test_lock_from_another_host_is_never_guessed_stale(tmp_path):
+def test_a_lock_file_nobody_holds_is_taken(tmp_path):
+    """What a trainer killed in a container leaves: a file naming PID 1 of
+    this very host (the restarted trainer's own pid there)."""
     tmp_path.joinpath(run_folder.LOCK_FILE).write_text(
-        json.dumps({"pid": 1, "host": "some-other-host"})
+        json.dumps({"pid": 1, "host": socket.gethostname()})
     )
-    with pytest.raises(RunLockedError, match="'some-other-host'"):
-        run_folder.RunLock(tmp_path).acquire()
+    with run_folder.RunLock(tmp_path) as lock:
+        assert lock.held
+        recorded = json.loads(tmp_path.joinpath(run_folder.LOCK_FILE).read_text())
+        assert recorded["pid"] == os.getpid()
+        # A second lock in this process is another open file: refused too.
+        with pytest.raises(RunLockedError, match=f"process {os.getpid()} on host"):
+            run_folder.RunLock(tmp_path).acquire()
+    assert not tmp_path.joinpath(run_folder.LOCK_FILE).exists()
 
 
 def test_damaged_history_never_breaks_the_next_run(tmp_path, finished_run):

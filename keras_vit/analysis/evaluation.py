@@ -17,6 +17,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_vit.files import write_atomic
+
 
 @dataclasses.dataclass
 class Evaluation:
@@ -278,7 +280,8 @@ def evaluate(
     if report_json is not None:
         path = Path(report_json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        text = json.dumps(result.to_dict(), indent=2) + "\n"
+        write_atomic(path, lambda temp: temp.write_text(text))
     return result
 
 

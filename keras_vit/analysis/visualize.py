@@ -23,6 +23,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from keras_vit.files import write_atomic
 from keras_vit.models.blocks import TransformerBlock
 from keras_vit.models.layers import PatchEncoder
 
@@ -328,10 +329,9 @@ def _save(figure, path: str | Path) -> None:
     if path.suffix.lower() != ".png":
         raise ValueError(f"save_to must be a .png path, got {str(path)!r}.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Write next to the target and rename, so no half-written PNG is left.
-    partial = path.with_name(f".{path.name}.partial")
-    figure.savefig(partial, format="png", bbox_inches="tight")
-    partial.replace(path)
+    write_atomic(
+        path, lambda temp: figure.savefig(temp, format="png", bbox_inches="tight")
+    )
 
 
 def _display(image: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from keras_vit.cli.common import (
     model_metadata,
     split_list,
 )
+from keras_vit.files import write_atomic
 
 
 def cmd_train(args) -> int:
@@ -229,7 +230,7 @@ def cmd_visualize(args) -> int:
     rollout = visualize.attention_rollout(
         model, image, save_to=out / f"{stem}_rollout.png"
     )
-    np.save(out / f"{stem}_rollout.npy", rollout)
+    write_atomic(out / f"{stem}_rollout.npy", lambda path: np.save(path, rollout))
     written += [out / f"{stem}_rollout.png", out / f"{stem}_rollout.npy"]
     if args.all:
         path = out / "position_embedding_similarity.png"
@@ -237,7 +238,9 @@ def cmd_visualize(args) -> int:
         distance = visualize.mean_attention_distance(
             model, image, save_to=out / f"{stem}_attention_distance.png"
         )
-        np.save(out / f"{stem}_attention_distance.npy", distance)
+        write_atomic(
+            out / f"{stem}_attention_distance.npy", lambda path: np.save(path, distance)
+        )
         written += [
             path,
             out / f"{stem}_attention_distance.png",
@@ -347,7 +350,7 @@ def cmd_prune(args) -> int:
     )
     report.pop("removed")
     report["source_params"] = int(model.count_params())
-    pruned.save(args.output)
+    write_atomic(args.output, lambda path: pruned.save(str(path)))
     report["output"] = args.output
     print(json.dumps(report, indent=2))
     return 0

@@ -135,7 +135,30 @@ class Graphs:
                 ],
             )
         with tf.control_dependencies([shape_check, range_check]):
-            return tf.identity(pixels)
+            pixels = tf.identity(pixels)
+        if self.multiple is None:
+            pixels = self.builtin_shape_guard(pixels)
+        return pixels
+
+    def builtin_shape_guard(self, pixels):
+        """`pixels`, reshaped to their own shape read through a GATHER that
+        is out of bounds unless that shape is `(batch, H, W, C)`.
+
+        The Assert above is no TFLite builtin and the converter drops it, and
+        LiteRT's signature runner resizes the input to whatever it is given.
+        This guard survives conversion (SHAPE, EQUAL, GATHER, RESHAPE are
+        builtins) and makes LiteRT fail the call (GATHER refuses an index
+        past the end) instead of answering for a wrong channel count, size or
+        rank. It compares the whole runtime shape with one built from its own
+        batch entry: slicing the static H, W, C out of `tf.shape` would let
+        the converter fold the comparison to a constant `True`."""
+        shape = tf.shape(pixels)
+        expected = tf.concat([shape[:1], self.shape], axis=0)
+        offset = tf.reduce_max(tf.abs(shape - expected))
+        checked_shape = tf.gather(shape, tf.range(4) + offset)
+        guarded = tf.reshape(pixels, checked_shape)
+        guarded.set_shape([None, *self.shape])
+        return guarded
 
     def serving_default(self, pixels):
         return self.scores(self.checked(pixels))

@@ -17,10 +17,14 @@ Conversion goes through `tf.lite.TFLiteConverter.from_saved_model` (the Keras 3
 stock mobile runtime, and `check_builtin_only` proves none slipped in.
 
 The SavedModel's in-graph shape and NaN checks are `tf.debugging.Assert` ops,
-which have no TFLite builtin; the converter drops them. A `.tflite` file
-therefore does not check its input: `Runner` and `predict` check it in Python
-(shape, dtype, range), and on a device the app must. What a NaN pixel does in
-the file itself: in `float32` and `float16`
+which have no TFLite builtin; the converter drops them. The shape check has a
+builtin twin (`signatures.Graphs.builtin_shape_guard`): every kind's file makes
+LiteRT's own signature runner fail ("gather index out of bounds") on a wrong
+channel count, height, width or rank instead of answering, and LiteRT refuses
+another dtype than float32 when the input is set. The pixel range is not
+checked in the file: `Runner` and `predict` check it in Python (and shape and
+dtype, with a readable message), and on a device the app must. What a NaN
+pixel does in the file itself: in `float32` and `float16`
 that image's outputs are all NaN (other images in the batch are unaffected);
 in `dynamic_int8` and `int8` the quantizer maps NaN to some in-range value and
 the output looks like an ordinary prediction, so check before you call.

@@ -25,6 +25,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.files import write_atomic
 from keras_vit.models.vit import distillation_heads
 from keras_vit.training.config import TrainConfig
 
@@ -270,5 +271,5 @@ def train_teacher(config: TrainConfig, path, steps: int = 600) -> float:
     held_out = data_lib.make_eval_dataset(config.data, size, 256)
     accuracy = float(model.evaluate(held_out, verbose=0, return_dict=True)["accuracy"])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    model.save(path)
+    write_atomic(path, lambda temp: model.save(str(temp)))
     return accuracy

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_vit.files import write_atomic
 from keras_vit.training import data as data_lib
 from keras_vit.training import qat as qat_lib
 from keras_vit.training import run_folder
@@ -51,8 +52,10 @@ def plot_history(history_csv: Path, png: Path, steps_per_row: int = 1) -> Path |
         axis.set_title(metric)
         axis.legend()
     figure.tight_layout()
-    figure.savefig(png, dpi=100)
-    plt.close(figure)
+    try:
+        write_atomic(png, lambda path: figure.savefig(path, dpi=100, format="png"))
+    finally:
+        plt.close(figure)
     return png
 
 
@@ -170,7 +173,9 @@ def write_outputs(model, config, metadata, run_dir, size, finished=False) -> Non
     version."""
     paths = metadata["paths"]
     paths["model"] = str(run_dir / "model.keras")
-    model.save(paths["model"])
+    # Every file here replaces the last run's atomically: a kill while a
+    # resumed run saves leaves the old file, never a truncated one.
+    write_atomic(paths["model"], lambda path: model.save(str(path)))
     history = run_dir / "history.csv"
     if history.exists():
         paths["history"] = str(history)
@@ -189,7 +194,8 @@ def write_outputs(model, config, metadata, run_dir, size, finished=False) -> Non
     elif config.export_name:
         labels, preprocessing = metadata["labels"], metadata["preprocessing"]
         metadata["export"] = _export(model, config, labels, preprocessing)
-    (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str))
+    text = json.dumps(metadata, indent=2, default=str)
+    write_atomic(run_dir / "metadata.json", lambda path: path.write_text(text))
 
 
 def _previous_export(run_dir: Path) -> dict | None:

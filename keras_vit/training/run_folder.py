@@ -1,11 +1,10 @@
 """What keeps a run folder one run: a lock for the whole run, the config
 fingerprint checked before resuming, and a history file that stays readable.
 
-- `RunLock`: `<run_dir>/run.lock` holds the owner's pid and host, created
-  with `O_CREAT | O_EXCL` (atomic on local file systems), so a second trainer
-  on the folder stops at once naming the first. A lock left by a dead process
-  of this host is reclaimed with a warning; one from another host is never
-  guessed at (its pid means nothing here) and must be removed by hand.
+- `RunLock`: an exclusive `flock` on `<run_dir>/run.lock`, which the kernel
+  releases when the holder dies (a killed trainer, a container restarted as
+  PID 1 again), so a second live trainer on the folder stops at once naming
+  the first, and a restarted one resumes.
 - `check_fingerprint`: `<run_dir>/fingerprint.json` records every setting that
   changes the training trajectory. A resume with other values is refused with
   each changed key and its old and new value, before anything in the folder is
@@ -19,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fcntl
 import io
 import json
 import math
@@ -59,9 +59,6 @@ FREE_KEYS = frozenset(
         "data.tfds_data_dir",
     }
 )
-# A half-written lock (the owner died between create and write) is stale
-# after this long; a live owner writes it within microseconds.
-EMPTY_LOCK_GRACE_S = 10.0
 
 
 def _flatten(values: dict, prefix: str = "") -> dict:
@@ -180,23 +177,27 @@ def prepare_run_folder(run_dir) -> Path:
     return run_dir
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by another user
-        return True
-    return True
-
-
 class RunLock:
-    """`with RunLock(run_dir):` holds `<run_dir>/run.lock` for the block."""
+    """`with RunLock(run_dir):` holds an exclusive kernel lock (`flock`) on
+    `<run_dir>/run.lock` for the block.
+
+    The kernel releases the lock when its holder dies, however it dies, so a
+    trainer restarted in a container (a new PID namespace where it is PID 1
+    again, on the same host name) resumes, while a second live trainer on the
+    folder, in any namespace, is refused at once. The file also records the
+    holder's pid and host, for the refusal's message only: it is never used to
+    judge whether the lock is held. Across machines the lock holds where the
+    shared file system supports `flock` (NFSv4, Lustre mounted with `flock`).
+    """
 
     def __init__(self, run_dir):
         self.path = Path(run_dir) / LOCK_FILE
         self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
-        self.held = False
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
 
     def __enter__(self):
         self.acquire()
@@ -207,75 +208,77 @@ class RunLock:
 
     def acquire(self) -> None:
         for _ in range(3):
-            if self._create():
-                self.held = True
-                return
-            holder = self._read()
-            if not self._stale(holder):
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder_text(fd)
+                os.close(fd)
                 raise RunLockedError(
-                    f"run folder {str(self.path.parent)!r} is in use by process "
-                    f"{holder.get('pid')} on host {holder.get('host')!r} (lock file "
-                    f"{self.path}); wait for it to finish, or use another run_dir."
-                )
-            self._reclaim(holder)
+                    f"run folder {str(self.path.parent)!r} is in use by {holder} "
+                    f"(lock file {self.path}); wait for it to finish, or use "
+                    "another run_dir."
+                ) from None
+            except OSError as error:
+                os.close(fd)
+                raise RunFolderError(
+                    f"cannot lock {self.path}: {error.strerror or error}; the file "
+                    "system of run_dir must support flock."
+                ) from None
+            # A holder that finished between our open and our flock unlinked
+            # the file: our lock is then on a name nobody else sees. Retry.
+            if _same_file(fd, self.path):
+                self._fd = fd
+                self._record()
+                return
+            os.close(fd)
         raise RunLockedError(f"could not take the lock {self.path}: contended")
 
-    def _create(self) -> bool:
+    def _open(self) -> int:
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
+            return os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o644)
         except OSError as error:
             raise RunFolderError(
                 f"cannot write the lock file {self.path}: {error.strerror or error}"
             ) from None
-        with os.fdopen(fd, "w") as file:
-            json.dump({**self.owner, "started": time.time()}, file)
-        return True
 
-    def _read(self) -> dict:
-        try:
-            holder = json.loads(self.path.read_text(encoding="utf-8"))
-            return holder if isinstance(holder, dict) else {}
-        except FileNotFoundError:
-            return {"gone": True}
-        except (OSError, ValueError):
-            return {}
-
-    def _stale(self, holder: dict) -> bool:
-        if holder.get("gone"):
-            return True
-        if "pid" not in holder:
-            try:
-                age = time.time() - self.path.stat().st_mtime
-            except FileNotFoundError:
-                return True
-            return age > EMPTY_LOCK_GRACE_S
-        if holder.get("host") != self.owner["host"]:
-            return False
-        return not _pid_alive(int(holder["pid"]))
-
-    def _reclaim(self, holder: dict) -> None:
-        if holder.get("gone"):
-            return
-        # Renaming first: of two processes reclaiming at once only one gets
-        # the stale file; the other finds it gone and retries the create.
-        aside = self.path.with_name(f".{LOCK_FILE}.stale-{os.getpid()}")
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return
-        aside.unlink(missing_ok=True)
-        warnings.warn(
-            f"Reclaimed the stale lock {self.path} of process {holder.get('pid')} "
-            f"on host {holder.get('host')!r}, which is no longer running.",
-            stacklevel=3,
-        )
+    def _record(self) -> None:
+        text = json.dumps({**self.owner, "started": time.time()}).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, text, 0)
 
     def release(self) -> None:
-        if self.held and self._read().get("pid") == self.owner["pid"]:
-            self.path.unlink(missing_ok=True)
-        self.held = False
+        if self._fd is None:
+            return
+        # Unlinked while still held, so no other trainer can lock this name
+        # in between (a waiting opener finds another inode and retries).
+        try:
+            if _same_file(self._fd, self.path):
+                self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        named = path.stat()
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _holder_text(fd: int) -> str:
+    """`process <pid> on host '<host>'` as the holder recorded it, or
+    `another process` while it has not yet written its name."""
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        holder = {}
+    if isinstance(holder, dict) and "pid" in holder:
+        return f"process {holder['pid']} on host {holder.get('host')!r}"
+    return "another process"
 
 
 def read_history(path) -> list[dict]:
@@ -309,11 +312,23 @@ def write_history(path, rows: list[dict]) -> None:
 class HistoryWriter(keras.callbacks.Callback):
     """`history.csv`, one row per Keras epoch (checkpoint interval), kept
     well-formed: each epoch rewrites the file atomically from the rows that
-    parse, dropping rows of epochs this run redoes (after a kill)."""
+    parse, dropping rows of epochs this run redoes (after a kill).
 
-    def __init__(self, path):
+    Put it before the checkpoint callback: an epoch's row is then on disk
+    before its checkpoint, so a kill between the two leaves a row that the
+    resumed run (`first_epoch`, the epoch it resumes at) drops and writes
+    again, never a checkpoint whose row is lost for good."""
+
+    def __init__(self, path, first_epoch: int = 0):
         super().__init__()
         self.path = Path(path)
+        self.first_epoch = int(first_epoch)
+
+    def on_train_begin(self, logs=None):
+        rows = read_history(self.path)
+        kept = [r for r in rows if int(r["epoch"]) < self.first_epoch]
+        if len(kept) != len(rows):
+            write_history(self.path, kept)
 
     def on_epoch_end(self, epoch, logs=None):
         rows = [r for r in read_history(self.path) if int(r["epoch"]) < epoch]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.files import fsync_dir, fsync_file, temporary_name
 from keras_vit.models import image_bytes
 from keras_vit.models.vit import image_hw
 from keras_vit.training.config import DataConfig
@@ -351,7 +352,10 @@ def write_tfrecords(
         os.path.join(path, f"{split}-{s:05d}-of-{num_shards:05d}.tfrecord")
         for s in range(num_shards)
     ]
-    writers = [tf.io.TFRecordWriter(f) for f in files]
+    # Shards are written under hidden temporary names and renamed when all
+    # are complete: a killed writer leaves no shard a reader would take.
+    temps = [str(temporary_name(f)) for f in files]
+    writers = [tf.io.TFRecordWriter(f) for f in temps]
     try:
         for i, (image, label) in enumerate(zip(images, labels, strict=True)):
             suffix = "png" if image_format == "png" else "jpg"
@@ -371,9 +375,17 @@ def write_tfrecords(
             }
             example = tf.train.Example(features=tf.train.Features(feature=feature))
             writers[i % num_shards].write(example.SerializeToString())
+        for writer in writers:
+            writer.close()
+        for temp, file in zip(temps, files, strict=True):
+            fsync_file(temp)
+            os.replace(temp, file)
+        fsync_dir(path)
     finally:
         for writer in writers:
             writer.close()
+        for temp in temps:
+            Path(temp).unlink(missing_ok=True)
     return files
 
 

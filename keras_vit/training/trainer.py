@@ -131,10 +131,15 @@ def _stage_of_checkpoint(stages, step: int):
     return 0
 
 
-def _callbacks(run_dir: Path, chief: bool, config: TrainConfig):
-    # Saves every interval, atomically; a NaN loss raises NonFiniteLossError
-    # and keeps the last good checkpoint.
-    callbacks = [checkpoint_lib.CheckpointCallback(run_dir / "checkpoints")]
+def _callbacks(run_dir: Path, chief: bool, config: TrainConfig, first_epoch: int):
+    # The history row of an interval is written before its checkpoint (see
+    # HistoryWriter). The checkpoint is saved atomically; a NaN loss raises
+    # NonFiniteLossError and keeps the last good checkpoint.
+    callbacks = []
+    if chief:
+        history = run_dir / run_folder.HISTORY_FILE
+        callbacks.append(run_folder.HistoryWriter(history, first_epoch))
+    callbacks.append(checkpoint_lib.CheckpointCallback(run_dir / "checkpoints"))
     if config.verbose == 2:
         # Keras' own per-epoch display takes two lines an interval.
         callbacks.append(
@@ -146,7 +151,6 @@ def _callbacks(run_dir: Path, chief: bool, config: TrainConfig):
             )
         )
     if chief:
-        callbacks.append(run_folder.HistoryWriter(run_dir / run_folder.HISTORY_FILE))
         if has_tensorboard():
             callbacks.append(
                 keras.callbacks.TensorBoard(
@@ -342,7 +346,7 @@ def _fit_stages(model, fitted, config, strategy, stages, step, run_dir, chief):
             steps_per_epoch=ce,
             epochs=end // ce,
             initial_epoch=step // ce,
-            callbacks=_callbacks(run_dir, chief, config),
+            callbacks=_callbacks(run_dir, chief, config, step // ce),
             verbose=0 if config.verbose == 2 else config.verbose,
             shuffle=False,  # the stream is shuffled, deterministically
             **fit_kwargs,
