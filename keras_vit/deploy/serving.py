@@ -9,6 +9,7 @@ another size are resized first, with `resize_method` as in training.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -168,10 +169,16 @@ def _to_pixels(item, preprocessing: dict) -> np.ndarray:
     return array
 
 
+@tf.function(reduce_retracing=True)
+def _checked_bytes(contents, what):
+    return image_bytes.check_declared_size(contents, what, image_bytes.FILE_MAX_PIXELS)
+
+
 def _decode_file(path: Path, channels: int) -> tf.Tensor:
     """A JPEG / PNG / GIF / BMP file as uint8 `(h, w, channels)`; a file that
-    is none of these, declares more than `FILE_MAX_PIXELS` or cannot be
-    decoded is a ValueError naming it and why."""
+    is none of these, declares more than `FILE_MAX_PIXELS`, whose header lies
+    (a GIF frame outside its screen) or that cannot be decoded is a
+    ValueError naming it and why. Only a GIF's first frame is decoded."""
     contents = tf.constant(path.read_bytes())
     fmt = int(image_bytes.image_format(contents))
     if not fmt:
@@ -180,24 +187,32 @@ def _decode_file(path: Path, channels: int) -> tf.Tensor:
             " bytes are not a JPEG, PNG, GIF or BMP file"
         )
     kind = image_bytes.FORMAT_NAMES[fmt]
+    what = f"image {str(path)!r} ({kind})"
     try:
-        height, width = (int(v) for v in image_bytes.declared_size(contents, fmt))
-        if height * width > image_bytes.FILE_MAX_PIXELS:
-            raise ValueError(
-                f"image {str(path)!r} ({kind}) declares {width} x {height} pixels, "
-                f"more than {image_bytes.FILE_MAX_PIXELS}; refused before decoding"
-            )
+        contents, _ = _checked_bytes(contents, what)
         if fmt == image_bytes.JPEG and channels in (1, 3):
             # As the bytes signature decodes JPEGs (accurate IDCT).
-            return tf.io.decode_jpeg(
-                contents, channels=channels, dct_method="INTEGER_ACCURATE"
+            return image_bytes.decode_jpeg(
+                contents, channels, dct_method="INTEGER_ACCURATE"
             )
         return image_bytes.decode_to_channels(contents, channels, fmt)
     except tf.errors.InvalidArgumentError as error:
-        reason = error.message.split(" [Op:")[0].split("}} ")[-1]
+        if "assertion failed:" in error.message:  # the checks name the file
+            raise ValueError(_assertion_text(error)) from None
         raise ValueError(
-            f"cannot decode image {str(path)!r} ({kind} file, damaged?): {reason}"
+            f"cannot decode {what} file (damaged?): {_assertion_text(error)}"
         ) from None
+
+
+def _assertion_text(error) -> str:
+    """The message of a graph `Assert` or op error without TF's node names
+    (an `Assert` prints strings C-escaped: unescaped here)."""
+    text = error.message
+    if "assertion failed:" not in text:
+        return text.split(" [Op:")[0].split("}} ")[-1].strip()
+    text = text.split("assertion failed:", 1)[1].split("\n")[0]
+    text = text.replace("] [", " ").strip(" []")
+    return codecs.escape_decode(text.encode())[0].decode("utf-8", "replace")
 
 
 def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:

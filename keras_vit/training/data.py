@@ -237,4 +237,6 @@ def make_eval_dataset(
     dataset = _drop_bad(source, dataset, config_data).batch(batch_size)
     if max_batches is not None:
         dataset = dataset.take(max_batches)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    dataset.skipped_images = source.skipped
+    return dataset

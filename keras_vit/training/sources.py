@@ -173,12 +173,13 @@ def _decoder(config: DataConfig):
                 )
         else:
             # Only a file that looks whole is parsed (a torn JPEG header fails).
-            size = tf.cond(
+            size, problem, contents = tf.cond(
                 ok,
-                lambda: image_bytes.declared_size(contents, fmt),
-                lambda: tf.zeros([2], tf.int64),
+                lambda: image_bytes.inspect(contents, fmt),
+                lambda: (tf.zeros([2], tf.int64), tf.constant(""), contents),
             )
             ok = tf.logical_and(ok, size[0] * size[1] <= image_bytes.FILE_MAX_PIXELS)
+            ok = tf.logical_and(ok, tf.equal(problem, ""))
             # A 1x1 stand-in keeps shapes static; the element is filtered out.
             contents = tf.where(
                 ok, contents, tf.io.encode_png(tf.zeros((1, 1, 1), tf.uint8))
