@@ -20,8 +20,8 @@ import tensorflow as tf
 from keras_vit.models import image_bytes
 from keras_vit.models.vit import image_hw
 from keras_vit.training.config import DataConfig
+from keras_vit.training.folders import IMAGE_EXTENSIONS, class_folders, image_files
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TFRECORD_FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64),
@@ -192,20 +192,6 @@ def _decoder(config: DataConfig):
     return decode
 
 
-def _utf8_name(path: Path) -> str:
-    """`path` as text; a name that is not UTF-8 (TF's string tensors need it)
-    is a ValueError naming its raw bytes."""
-    text = str(path)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(
-            f"{os.fsencode(path)!r} is not a UTF-8 file or folder name; rename it "
-            "(the data pipeline passes names as UTF-8 strings)."
-        ) from None
-    return text
-
-
 def _split_folder(config: DataConfig, split: str) -> Path:
     root = Path(config.path) / split
     if not root.is_dir():
@@ -222,9 +208,7 @@ def folder_class_names(config: DataConfig) -> list[str]:
     split is labelled by this list, so fewer than two is an error (a
     classifier of one class is trivially right)."""
     root = _split_folder(config, config.train_split)
-    names = sorted(
-        _utf8_name(p)[len(str(root)) + 1 :] for p in root.iterdir() if p.is_dir()
-    )
+    names = sorted(class_folders(root))
     if len(names) < 2:
         raise ValueError(
             f"Image folder {str(root)!r} holds {len(names)} class folder(s) "
@@ -241,9 +225,8 @@ def folder_source(
     it and its split folder."""
     class_names = class_names or folder_class_names(config)
     root = _split_folder(config, split)
-    found = sorted(
-        _utf8_name(p)[len(str(root)) + 1 :] for p in root.iterdir() if p.is_dir()
-    )
+    folders = class_folders(root)
+    found = sorted(folders)
     unknown = [name for name in found if name not in class_names]
     if unknown:
         raise ValueError(
@@ -252,12 +235,11 @@ def folder_source(
             f"{class_names}); labels are the training split's classes."
         )
     paths, labels = [], []
+    training = split == config.train_split
     for name in found:
-        label = class_names.index(name)
-        for file in sorted((root / name).iterdir()):
-            if file.suffix.lower() in IMAGE_EXTENSIONS:
-                paths.append(_utf8_name(file))
-                labels.append(label)
+        files = image_files(folders[name], root, training, config.on_error)
+        paths += files
+        labels += [class_names.index(name)] * len(files)
     if not paths:
         raise ValueError(
             f"No images ({', '.join(IMAGE_EXTENSIONS)}) under {str(root)!r}/<class>/."
