@@ -10,7 +10,6 @@ another size are resized first, with `resize_method` as in training.
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import re
 import sys
@@ -152,6 +151,11 @@ def _to_pixels(item, preprocessing: dict) -> np.ndarray:
     channels = preprocessing["num_channels"]
     if isinstance(item, str | os.PathLike):
         path = Path(item)
+        if path.is_dir():
+            raise IsADirectoryError(
+                f"image {str(item)!r} is a folder; pass image files (e.g. "
+                f"{str(path / '*.jpg')!r} expanded by the shell)"
+            )
         if not path.is_file():
             raise FileNotFoundError(f"image {str(item)!r} does not exist")
         decoded = _decode_file(path, channels)
@@ -257,6 +261,17 @@ def load_keras_file(path, compile: bool = True) -> keras.Model:
     not the whole model config Keras puts in its message."""
     import keras_vit.models  # noqa: F401  registers the layers for loading
 
+    if Path(path).is_dir():
+        raise CheckpointError(
+            f"cannot load Keras model {str(path)!r}: it is a folder, not a .keras "
+            "file (a SavedModel folder is what predict and TF Serving take)"
+        )
+    if Path(path).is_file() and not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"cannot load Keras model {str(path)!r}: the file is damaged, its "
+            f"{Path(path).stat().st_size} bytes are not a whole .keras (zip) archive "
+            "(a truncated copy or an interrupted save?); copy or save it again"
+        )
     try:
         return keras.saving.load_model(str(path), compile=compile)
     except (TypeError, ValueError, KeyError, OSError, zipfile.BadZipFile) as error:
@@ -374,22 +389,14 @@ def predict(
             f"model {str(model_path)!r}: expected a SavedModel folder, a .tflite "
             "file or a .keras file."
         )
-    if metadata is None:
-        metadata = find_metadata(path)
-    if not isinstance(metadata, dict):
-        metadata = json.loads(Path(metadata).read_text())
-    labels = metadata["labels"]
-    pre = metadata["preprocessing"]
+    from keras_vit.deploy.exported import read_metadata, run_exported
+
+    metadata, labels, pre = read_metadata(path, metadata, find_metadata)
     pixels = load_pixels(images_or_paths, pre)
     shape = (*pre["image_size"], pre["num_channels"])
     pixels = check_pixel_batch(pixels, shape, pre["pixel_scale"])
-    if path.is_dir():
-        signature = tf.saved_model.load(str(path)).signatures["serving_default"]
-        outputs = signature(pixels=tf.constant(pixels))
-    elif path.suffix == ".tflite":
-        from keras_vit.deploy.tflite import Runner
-
-        outputs = Runner(path, pixel_scale=pre["pixel_scale"])(pixels)
+    if path.is_dir() or path.suffix == ".tflite":
+        outputs = run_exported(path, pixels, pre)
     else:
         model = load_keras_file(path)
         settings = choose_settings(
@@ -413,6 +420,19 @@ def predict(
             f"{str(model_path)!r} gives no {output} (it returns {sorted(outputs)})."
         )
     probabilities = np.asarray(outputs[output])
+    if probabilities.shape[-1] != len(labels):
+        raise ValueError(
+            f"the metadata of {str(model_path)!r} names {len(labels)} labels but "
+            f"the model scores {probabilities.shape[-1]} classes; export the "
+            "model again with its labels."
+        )
+    finite = np.isfinite(probabilities).all(axis=-1)
+    if not finite.all():
+        raise ValueError(
+            f"{str(model_path)!r} gives NaN or Inf {output} for image "
+            f"{int(np.argmin(finite))} (counting from 0): its weights hold "
+            "non-finite numbers; no prediction printed."
+        )
     k = min(top_k, len(labels))
     order = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]
     return [

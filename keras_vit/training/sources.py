@@ -94,8 +94,19 @@ def mnist5k_arrays():
     return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval}
 
 
-def array_source(images, labels, class_names) -> Source:
-    images = tf.constant(np.asarray(images, dtype="float32"))
+def array_source(images, labels, class_names, what: str = "images") -> Source:
+    """A split held in memory; an image holding NaN or Inf is a ValueError
+    naming it (its index in `what`) before anything trains on it."""
+    array = np.asarray(images, dtype="float32")
+    if array.ndim == 4 and len(array):
+        finite = np.isfinite(array).reshape(len(array), -1).all(axis=1)
+        if not finite.all():
+            bad = np.flatnonzero(~finite)
+            raise ValueError(
+                f"{what}: image {bad[0]} (of {len(array)}) holds NaN or Inf pixels "
+                f"({len(bad)} such images: {bad[:5].tolist()}...); fix or drop them."
+            )
+    images = tf.constant(array)
     labels = tf.constant(np.asarray(labels, dtype="int64"))
     if images.shape.rank != 4 or images.shape[0] != labels.shape[0]:
         raise ValueError(
