@@ -192,6 +192,18 @@ def _batches(data, batch_size: int, example_rank: int):
         yield images, labels
 
 
+def _check_finite(values: np.ndarray, offset: int, what: str) -> None:
+    """A non-finite number is never a result: a ValueError naming the first
+    example (its position in the data) whose values are not finite."""
+    if values.dtype.kind != "f" or np.isfinite(values).all():
+        return
+    rows = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    raise ValueError(
+        f"held-out example {offset + int(np.argmax(rows))} (counting from 0 in "
+        f"the data's order) {what}; no metrics computed."
+    )
+
+
 def predict(
     model, data, *, batch_size: int = 64, from_logits: bool | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -215,13 +227,21 @@ def predict(
     example_rank = 3
     if isinstance(model, keras.Model):
         example_rank = len(model.inputs[0].shape) - 1
+    seen = 0
     for images, y in _batches(data, batch_size, example_rank):
+        _check_finite(np.asarray(images), seen, "holds NaN or Inf pixels")
         if isinstance(model, keras.Model):
             out = model(images, training=False)
         else:
             out = model(images)
         outputs.append(np.asarray(out, dtype="float64"))
+        _check_finite(
+            outputs[-1],
+            seen,
+            "gives NaN or Inf scores (the model's weights hold non-finite numbers?)",
+        )
         labels.append(np.asarray(y))
+        seen += len(outputs[-1])
     if not outputs:
         raise ValueError("The dataset is empty; there is nothing to evaluate.")
     outputs, labels = np.concatenate(outputs), np.concatenate(labels)

@@ -75,6 +75,10 @@ def cmd_evaluate(args) -> int:
     from keras_vit.training import config as train_config
     from keras_vit.training import data as data_lib
 
+    if args.batch_size < 1:
+        raise UsageError(
+            f"--batch-size {args.batch_size}: a batch holds at least 1 image"
+        )
     model = load_keras_model(args.model)
     preprocessing = command_preprocessing(model, args.model, None, None)
     height, width = preprocessing["image_size"]

@@ -4,7 +4,9 @@ and metadata loading, the preprocessing a command applies."""
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,13 +70,16 @@ def user_error_line(error: BaseException) -> str | None:
     """The one line to print for an error the user caused (a missing optional
     package included), or None for an unexpected error (which keeps its
     traceback)."""
-    if isinstance(error, USER_ERRORS):
-        return " ".join(str(error).split()) or type(error).__name__
+    import sys
+
+    checkpoints = sys.modules.get("keras_vit.training.checkpoints")
+    if isinstance(error, USER_ERRORS) or (
+        checkpoints and isinstance(error, checkpoints.NonFiniteLossError)
+    ):
+        return _one_line(str(error)) or type(error).__name__
     missing = missing_package_line(error)
     if missing:
         return missing
-    import sys
-
     tf = sys.modules.get("tensorflow")
     if tf is None or not isinstance(error, tf.errors.InvalidArgumentError):
         return None
@@ -85,7 +90,17 @@ def user_error_line(error: BaseException) -> str | None:
         # "assertion failed: [part] [part]\n\t [[{{node ...}}]]" -> the parts
         text = text.split("assertion failed:", 1)[1].split("\n")[0]
         text = text.replace("] [", " ").strip(" []")
-    return " ".join(text.split(" [Op:")[0].split())
+        # An Assert prints its strings C-escaped (quotes, non-ASCII names).
+        text = codecs.escape_decode(text.encode())[0].decode("utf-8", "replace")
+    return _one_line(text.split(" [Op:")[0])
+
+
+# Terminal control sequences (colours, bold) that Keras puts in some messages.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(_ANSI.sub("", text).split())
 
 
 def finite_float(text: str) -> float:

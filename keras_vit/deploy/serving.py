@@ -9,7 +9,7 @@ another size are resized first, with `resize_method` as in training.
 
 from __future__ import annotations
 
-import json
+import codecs
 import os
 import re
 import sys
@@ -147,6 +147,11 @@ def _to_pixels(item, preprocessing: dict) -> np.ndarray:
     channels = preprocessing["num_channels"]
     if isinstance(item, str | os.PathLike):
         path = Path(item)
+        if path.is_dir():
+            raise IsADirectoryError(
+                f"image {str(item)!r} is a folder; pass image files (e.g. "
+                f"{str(path / '*.jpg')!r} expanded by the shell)"
+            )
         if not path.is_file():
             raise FileNotFoundError(f"image {str(item)!r} does not exist")
         decoded = _decode_file(path, channels)
@@ -164,10 +169,16 @@ def _to_pixels(item, preprocessing: dict) -> np.ndarray:
     return array
 
 
+@tf.function(reduce_retracing=True)
+def _checked_bytes(contents, what):
+    return image_bytes.check_declared_size(contents, what, image_bytes.FILE_MAX_PIXELS)
+
+
 def _decode_file(path: Path, channels: int) -> tf.Tensor:
     """A JPEG / PNG / GIF / BMP file as uint8 `(h, w, channels)`; a file that
-    is none of these, declares more than `FILE_MAX_PIXELS` or cannot be
-    decoded is a ValueError naming it and why."""
+    is none of these, declares more than `FILE_MAX_PIXELS`, whose header lies
+    (a GIF frame outside its screen) or that cannot be decoded is a
+    ValueError naming it and why. Only a GIF's first frame is decoded."""
     contents = tf.constant(path.read_bytes())
     fmt = int(image_bytes.image_format(contents))
     if not fmt:
@@ -176,24 +187,32 @@ def _decode_file(path: Path, channels: int) -> tf.Tensor:
             " bytes are not a JPEG, PNG, GIF or BMP file"
         )
     kind = image_bytes.FORMAT_NAMES[fmt]
+    what = f"image {str(path)!r} ({kind})"
     try:
-        height, width = (int(v) for v in image_bytes.declared_size(contents, fmt))
-        if height * width > image_bytes.FILE_MAX_PIXELS:
-            raise ValueError(
-                f"image {str(path)!r} ({kind}) declares {width} x {height} pixels, "
-                f"more than {image_bytes.FILE_MAX_PIXELS}; refused before decoding"
-            )
+        contents, _ = _checked_bytes(contents, what)
         if fmt == image_bytes.JPEG and channels in (1, 3):
             # As the bytes signature decodes JPEGs (accurate IDCT).
-            return tf.io.decode_jpeg(
-                contents, channels=channels, dct_method="INTEGER_ACCURATE"
+            return image_bytes.decode_jpeg(
+                contents, channels, dct_method="INTEGER_ACCURATE"
             )
         return image_bytes.decode_to_channels(contents, channels, fmt)
     except tf.errors.InvalidArgumentError as error:
-        reason = error.message.split(" [Op:")[0].split("}} ")[-1]
+        if "assertion failed:" in error.message:  # the checks name the file
+            raise ValueError(_assertion_text(error)) from None
         raise ValueError(
-            f"cannot decode image {str(path)!r} ({kind} file, damaged?): {reason}"
+            f"cannot decode {what} file (damaged?): {_assertion_text(error)}"
         ) from None
+
+
+def _assertion_text(error) -> str:
+    """The message of a graph `Assert` or op error without TF's node names
+    (an `Assert` prints strings C-escaped: unescaped here)."""
+    text = error.message
+    if "assertion failed:" not in text:
+        return text.split(" [Op:")[0].split("}} ")[-1].strip()
+    text = text.split("assertion failed:", 1)[1].split("\n")[0]
+    text = text.replace("] [", " ").strip(" []")
+    return codecs.escape_decode(text.encode())[0].decode("utf-8", "replace")
 
 
 def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
@@ -238,6 +257,17 @@ def load_keras_file(path, compile: bool = True) -> keras.Model:
     not the whole model config Keras puts in its message."""
     import keras_vit.models  # noqa: F401  registers the layers for loading
 
+    if Path(path).is_dir():
+        raise CheckpointError(
+            f"cannot load Keras model {str(path)!r}: it is a folder, not a .keras "
+            "file (a SavedModel folder is what predict and TF Serving take)"
+        )
+    if Path(path).is_file() and not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"cannot load Keras model {str(path)!r}: the file is damaged, its "
+            f"{Path(path).stat().st_size} bytes are not a whole .keras (zip) archive "
+            "(a truncated copy or an interrupted save?); copy or save it again"
+        )
     try:
         return keras.saving.load_model(str(path), compile=compile)
     except (TypeError, ValueError, KeyError, OSError, zipfile.BadZipFile) as error:
@@ -356,22 +386,14 @@ def predict(
             f"model {str(model_path)!r}: expected a SavedModel folder, a .tflite "
             "file or a .keras file."
         )
-    if metadata is None:
-        metadata = find_metadata(path)
-    if not isinstance(metadata, dict):
-        metadata = json.loads(Path(metadata).read_text())
-    labels = metadata["labels"]
-    pre = metadata["preprocessing"]
+    from keras_vit.deploy.exported import read_metadata, run_exported
+
+    metadata, labels, pre = read_metadata(path, metadata, find_metadata)
     pixels = load_pixels(images_or_paths, pre)
     shape = (*pre["image_size"], pre["num_channels"])
     pixels = check_pixel_batch(pixels, shape, pre["pixel_scale"])
-    if path.is_dir():
-        signature = tf.saved_model.load(str(path)).signatures["serving_default"]
-        outputs = signature(pixels=tf.constant(pixels))
-    elif path.suffix == ".tflite":
-        from keras_vit.deploy.tflite import Runner
-
-        outputs = Runner(path, pixel_scale=pre["pixel_scale"])(pixels)
+    if path.is_dir() or path.suffix == ".tflite":
+        outputs = run_exported(path, pixels, pre)
     else:
         model = load_keras_file(path)
         settings = choose_settings(
@@ -395,6 +417,19 @@ def predict(
             f"{str(model_path)!r} gives no {output} (it returns {sorted(outputs)})."
         )
     probabilities = np.asarray(outputs[output])
+    if probabilities.shape[-1] != len(labels):
+        raise ValueError(
+            f"the metadata of {str(model_path)!r} names {len(labels)} labels but "
+            f"the model scores {probabilities.shape[-1]} classes; export the "
+            "model again with its labels."
+        )
+    finite = np.isfinite(probabilities).all(axis=-1)
+    if not finite.all():
+        raise ValueError(
+            f"{str(model_path)!r} gives NaN or Inf {output} for image "
+            f"{int(np.argmin(finite))} (counting from 0): its weights hold "
+            "non-finite numbers; no prediction printed."
+        )
     k = min(top_k, len(labels))
     order = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]
     return [

@@ -100,6 +100,13 @@ def nominal_image_size(model: keras.Model) -> tuple[int, int]:
     """The input size of a fixed-size model; for a dynamic-size one, the size
     its position embedding is made for (`image_size` when it was built),
     which its preprocessing and bytes signature use."""
+    shapes = [tuple(i.shape) for i in model.inputs]
+    if len(shapes) != 1 or len(shapes[0]) != 4:
+        raise ValueError(
+            f"model {model.name!r} takes inputs of shape {', '.join(map(str, shapes))}"
+            ", not one batch of images (batch, height, width, channels); this needs "
+            "an image classifier."
+        )
     height, width = model.inputs[0].shape[1:3]
     if height is not None and width is not None:
         return int(height), int(width)

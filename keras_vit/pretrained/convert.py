@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import keras
+import numpy as np
 
 from keras_vit.errors import CheckpointError
 from keras_vit.files import sha256 as file_sha256
@@ -207,6 +208,23 @@ def _values_for(model: keras.Model, plan: Plan, tensors: dict, skip: set[str]) -
     return values
 
 
+def _check_finite(tensors: dict, path) -> None:
+    """A weight that is NaN or Inf makes every prediction NaN: refused by
+    name rather than converted."""
+    for name in sorted(tensors):
+        value = np.asarray(tensors[name])
+        if value.dtype.kind in "iub":  # bfloat16 (ml_dtypes) has kind "V"
+            continue
+        finite = np.isfinite(value)
+        if not finite.all():
+            count = int(value.size - finite.sum())
+            raise CheckpointError(
+                f"tensor {name!r} of {str(path)!r} holds {count} NaN or Inf "
+                f"value(s) of {value.size}; the checkpoint is damaged (or was "
+                "saved from a diverged run): use another one."
+            )
+
+
 def convert_checkpoint(
     src: str | os.PathLike,
     out_path: str | os.PathLike | None = None,
@@ -263,6 +281,7 @@ def convert_checkpoint(
         raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
     path = resolve_source(src, filename, revision, sha256)
     tensors, config = read_checkpoint(path)
+    _check_finite(tensors, path)
     hints = {
         "image_size": image_hw(image_size) if image_size else None,
         "num_heads": overrides.get("num_heads"),

@@ -86,7 +86,13 @@ def _source(config: DataConfig, image_size, train: bool) -> Source:
     classes = config.num_classes or int(
         max(np.max(arrays["y_train"]), np.max(arrays["y_eval"])) + 1
     )
-    return array_source(arrays[f"x_{key}"], labels, [str(c) for c in range(classes)])
+    where = f"data.path {config.path!r}" if config.arrays is None else "data.arrays"
+    return array_source(
+        arrays[f"x_{key}"],
+        labels,
+        [str(c) for c in range(classes)],
+        what=f"x_{key} of {where}" if config.source == "arrays" else config.source,
+    )
 
 
 def class_names(config: DataConfig, image_size=16) -> list[str]:
@@ -237,4 +243,6 @@ def make_eval_dataset(
     dataset = _drop_bad(source, dataset, config_data).batch(batch_size)
     if max_batches is not None:
         dataset = dataset.take(max_batches)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    dataset.skipped_images = source.skipped
+    return dataset

@@ -21,8 +21,8 @@ from keras_vit.files import fsync_dir, fsync_file, temporary_name
 from keras_vit.models import image_bytes
 from keras_vit.models.vit import image_hw
 from keras_vit.training.config import DataConfig
+from keras_vit.training.folders import IMAGE_EXTENSIONS, class_folders, image_files
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TFRECORD_FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64),
@@ -95,8 +95,19 @@ def mnist5k_arrays():
     return {"x_train": x_train, "y_train": y_train, "x_eval": x_eval, "y_eval": y_eval}
 
 
-def array_source(images, labels, class_names) -> Source:
-    images = tf.constant(np.asarray(images, dtype="float32"))
+def array_source(images, labels, class_names, what: str = "images") -> Source:
+    """A split held in memory; an image holding NaN or Inf is a ValueError
+    naming it (its index in `what`) before anything trains on it."""
+    array = np.asarray(images, dtype="float32")
+    if array.ndim == 4 and len(array):
+        finite = np.isfinite(array).reshape(len(array), -1).all(axis=1)
+        if not finite.all():
+            bad = np.flatnonzero(~finite)
+            raise ValueError(
+                f"{what}: image {bad[0]} (of {len(array)}) holds NaN or Inf pixels "
+                f"({len(bad)} such images: {bad[:5].tolist()}...); fix or drop them."
+            )
+    images = tf.constant(array)
     labels = tf.constant(np.asarray(labels, dtype="int64"))
     if images.shape.rank != 4 or images.shape[0] != labels.shape[0]:
         raise ValueError(
@@ -174,12 +185,13 @@ def _decoder(config: DataConfig):
                 )
         else:
             # Only a file that looks whole is parsed (a torn JPEG header fails).
-            size = tf.cond(
+            size, problem, contents = tf.cond(
                 ok,
-                lambda: image_bytes.declared_size(contents, fmt),
-                lambda: tf.zeros([2], tf.int64),
+                lambda: image_bytes.inspect(contents, fmt),
+                lambda: (tf.zeros([2], tf.int64), tf.constant(""), contents),
             )
             ok = tf.logical_and(ok, size[0] * size[1] <= image_bytes.FILE_MAX_PIXELS)
+            ok = tf.logical_and(ok, tf.equal(problem, ""))
             # A 1x1 stand-in keeps shapes static; the element is filtered out.
             contents = tf.where(
                 ok, contents, tf.io.encode_png(tf.zeros((1, 1, 1), tf.uint8))
@@ -190,20 +202,6 @@ def _decoder(config: DataConfig):
         return tf.cast(image, tf.float32), ok
 
     return decode
-
-
-def _utf8_name(path: Path) -> str:
-    """`path` as text; a name that is not UTF-8 (TF's string tensors need it)
-    is a ValueError naming its raw bytes."""
-    text = str(path)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(
-            f"{os.fsencode(path)!r} is not a UTF-8 file or folder name; rename it "
-            "(the data pipeline passes names as UTF-8 strings)."
-        ) from None
-    return text
 
 
 def _split_folder(config: DataConfig, split: str) -> Path:
@@ -222,9 +220,7 @@ def folder_class_names(config: DataConfig) -> list[str]:
     split is labelled by this list, so fewer than two is an error (a
     classifier of one class is trivially right)."""
     root = _split_folder(config, config.train_split)
-    names = sorted(
-        _utf8_name(p)[len(str(root)) + 1 :] for p in root.iterdir() if p.is_dir()
-    )
+    names = sorted(class_folders(root))
     if len(names) < 2:
         raise ValueError(
             f"Image folder {str(root)!r} holds {len(names)} class folder(s) "
@@ -241,9 +237,8 @@ def folder_source(
     it and its split folder."""
     class_names = class_names or folder_class_names(config)
     root = _split_folder(config, split)
-    found = sorted(
-        _utf8_name(p)[len(str(root)) + 1 :] for p in root.iterdir() if p.is_dir()
-    )
+    folders = class_folders(root)
+    found = sorted(folders)
     unknown = [name for name in found if name not in class_names]
     if unknown:
         raise ValueError(
@@ -252,12 +247,11 @@ def folder_source(
             f"{class_names}); labels are the training split's classes."
         )
     paths, labels = [], []
+    training = split == config.train_split
     for name in found:
-        label = class_names.index(name)
-        for file in sorted((root / name).iterdir()):
-            if file.suffix.lower() in IMAGE_EXTENSIONS:
-                paths.append(_utf8_name(file))
-                labels.append(label)
+        files = image_files(folders[name], root, training, config.on_error)
+        paths += files
+        labels += [class_names.index(name)] * len(files)
     if not paths:
         raise ValueError(
             f"No images ({', '.join(IMAGE_EXTENSIONS)}) under {str(root)!r}/<class>/."

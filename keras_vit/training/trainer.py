@@ -9,6 +9,7 @@ at step s is `make_train_dataset(..., start_step=s)` and
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -365,6 +366,14 @@ def _evaluate(fitted, config, size, step) -> dict:
         max_batches=2 if config.smoke else None,
     )
     results = fitted.evaluate(eval_ds, verbose=0, return_dict=True)
+    if not all(math.isfinite(float(v)) for v in results.values()):
+        # The held-out images were checked as they were read: NaN here is the
+        # model's own (non-finite weights), and an accuracy then means nothing.
+        raise checkpoint_lib.NonFiniteLossError(
+            f"{config.name}: the held-out evaluation gave {results} after {step} "
+            "steps: the trained weights hold NaN or Inf; lower the learning rate "
+            "or resume from an earlier checkpoint."
+        )
     accuracy = float(results["accuracy"])
     print(f"{config.name}: held-out accuracy {accuracy:.4f} after {step} steps")
     return {
