@@ -8,6 +8,7 @@ fixtures as "the Hub" and keeps the cache the way the real one does
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sys
 import types
@@ -199,3 +200,25 @@ def test_the_alias_table_is_well_formed():
     assert names.lookup("no-such-model") is None
     with pytest.raises(FileNotFoundError, match="nor a short name such as 'vit-b16'"):
         keras_vit.from_pretrained("no-such-model")
+
+
+def test_the_tables_preprocessing_fills_in_when_the_config_has_none(fake_hub, tmp_path):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    source = FIXTURES / "timm_vit_avg"
+    (remote / "model.safetensors").write_bytes(
+        (source / "model.safetensors").read_bytes()
+    )
+    config = read_json(source / "config.json")
+    assert config.pop("pretrained_cfg")["mean"] == [0.5, 0.5, 0.5]
+    (remote / "config.json").write_text(json.dumps(config))
+    entry = names.ALIASES["deit-s16"]
+    fake_hub.remote[entry.repo_id] = remote
+    out = tmp_path / "deit.keras"
+    keras_vit.from_pretrained("deit-s16", out)
+    preprocessing = read_json(out.with_suffix("") / "metadata.json")["preprocessing"]
+    # The table's ImageNet statistics and crop, not the fixture's own.
+    np.testing.assert_allclose(preprocessing["mean"], entry.preprocessing["mean"])
+    np.testing.assert_allclose(preprocessing["std"], entry.preprocessing["std"])
+    assert preprocessing["crop_fraction"] == entry.preprocessing["crop_pct"]
+    assert preprocessing["resize_method"] == "bicubic"

@@ -179,3 +179,28 @@ def test_map_head_skips_the_leading_tokens():
     assert head.get_config()["num_skipped_tokens"] == 3
     with pytest.raises(ValueError, match="num_skipped_tokens.*-1"):
         keras_vit.MAPHead(2, 16, num_skipped_tokens=-1)
+
+
+@pytest.mark.slow
+def test_exported_dynamic_model_serves_timms_logits_at_every_size(tmp_path):
+    """The source's kernel lives in the SavedModel's graph: one export serves
+    the timm fixture's logits at the native, a smaller and a larger size."""
+    from keras_vit.deploy.export import export_model
+
+    parity = np.load(FIXTURES / "timm_resize" / "parity.npz")
+    model = convert_checkpoint(FIXTURES / "timm_resize", dynamic_size=True)
+    # The signature takes raw pixels in [0, 255]: the fixtures' images
+    # (standard normal) are mapped there and back by the mean and std.
+    low, high = -8.0, 8.0
+    preprocessing = {"mean": -low / (high - low), "std": 1.0 / (high - low)}
+    export_model(
+        model, "timm_dyn", tmp_path, version=1, tflite=(), preprocessing=preprocessing
+    )
+    loaded = tf.saved_model.load(str(tmp_path / "timm_dyn" / "1"))
+    serve = loaded.signatures["serving_default"]
+    for name in ["64", *SIZES]:
+        x, expected = parity[f"images_{name}"], parity[f"logits_{name}"]
+        pixels = (x.astype("float64") - low) / (high - low) * 255.0
+        served = serve(pixels=tf.constant(pixels, tf.float32))["logits"].numpy()
+        # The pixel round trip costs float32 rounding, far below the bound.
+        assert relative_error(served, expected) < RELATIVE, name

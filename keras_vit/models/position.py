@@ -24,9 +24,11 @@ INTERPOLATIONS = ("bicubic", "bilinear")
 # records (`PatchEncoder(position_resample=...)`):
 # - "timm": `resample_abs_pos_embed`, torch's bicubic with antialias=True
 #   (Keys' cubic, a = -0.5, stretched by the factor when the grid shrinks,
-#   weights renormalised at the edges);
-# - "hf": transformers' `interpolate_pos_encoding`, torch's bicubic without
-#   antialias (a = -0.75, taps past the edge repeat the edge);
+#   weights renormalised at the edges); also transformers'
+#   `Dinov2WithRegisters`, which asks torch for the same;
+# - "hf": transformers' `interpolate_pos_encoding` (ViT, DeiT, Dinov2,
+#   SigLIP, CLIP), torch's bicubic without antialias (a = -0.75, taps past
+#   the edge repeat the edge);
 # - "big_vision": `resample_posemb`, `scipy.ndimage.zoom(order=1)`: linear,
 #   the corner samples mapped onto each other.
 SOURCE_KERNELS = ("timm", "hf", "big_vision")
