@@ -27,6 +27,17 @@ from keras_vit.models.vit import (  # noqa: E402
 )
 from keras_vit.version import __version__  # noqa: E402
 
+
+def from_pretrained(name: str, out_path=None, **options):
+    """A named checkpoint (short alias such as `"vit-b16"`, Hugging Face Hub
+    id, or local path) converted into a keras_vit model; see
+    `keras_vit.pretrained.from_pretrained`."""
+    # Imported here: the package root stays the network alone.
+    from keras_vit.pretrained.convert import from_pretrained as convert_named
+
+    return convert_named(name, out_path, **options)
+
+
 __all__ = [
     "ARCHITECTURE_KEYS",
     "MLP",
@@ -47,6 +58,7 @@ __all__ = [
     "distillation_heads",
     "enable_lora",
     "feature_extractor",
+    "from_pretrained",
     "merge_lora",
     "parse_variant",
     "resample_position_embedding",

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 from keras_vit.errors import CheckpointError, UnsafeCheckpointError
 from keras_vit.files import sha256
-from keras_vit.pretrained import convert
+from keras_vit.pretrained import hub as hub_module
 from keras_vit.pretrained.convert import convert_checkpoint
 from keras_vit.pretrained.readers import read_checkpoint
 
@@ -389,7 +389,7 @@ def fake_hub(tmp_path, source_folder, blob_name=None, error=None):
 
 def test_download_by_name_checks_sha256_and_converts(tmp_path, monkeypatch):
     hub, calls = fake_hub(tmp_path, FIXTURES / "hf_vit")
-    monkeypatch.setattr(convert, "_import_hub", lambda: hub)
+    monkeypatch.setattr(hub_module, "import_hub", lambda: hub)
     model = convert_checkpoint("hf-hub:someone/vit-tiny", revision="v1")
     check_parity(model, "hf_vit")
     assert calls == [
@@ -399,7 +399,7 @@ def test_download_by_name_checks_sha256_and_converts(tmp_path, monkeypatch):
     ]
     # timm's Hub ids carry a dotted tag; they are ids, not file names.
     hub, calls = fake_hub(tmp_path, FIXTURES / "timm_vit_avg")
-    monkeypatch.setattr(convert, "_import_hub", lambda: hub)
+    monkeypatch.setattr(hub_module, "import_hub", lambda: hub)
     model = convert_checkpoint("timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k")
     check_parity(model, "timm_vit_avg")
     assert calls[0] == (
@@ -411,7 +411,7 @@ def test_download_by_name_checks_sha256_and_converts(tmp_path, monkeypatch):
 
 def test_download_with_a_wrong_sha256_is_refused(tmp_path, monkeypatch):
     hub, _ = fake_hub(tmp_path, FIXTURES / "hf_vit", blob_name="f" * 64)
-    monkeypatch.setattr(convert, "_import_hub", lambda: hub)
+    monkeypatch.setattr(hub_module, "import_hub", lambda: hub)
     assert_refused(
         "someone/vit-tiny",
         CheckpointError,
@@ -428,15 +428,16 @@ def test_download_with_a_wrong_sha256_is_refused(tmp_path, monkeypatch):
 def test_offline_and_missing_files_and_no_huggingface_hub(tmp_path, monkeypatch):
     offline = LocalEntryNotFoundError("no connection and not in the cache")
     hub, _ = fake_hub(tmp_path, FIXTURES / "hf_vit", error=offline)
-    monkeypatch.setattr(convert, "_import_hub", lambda: hub)
+    monkeypatch.setattr(hub_module, "import_hub", lambda: hub)
     assert_refused(
         "someone/vit-tiny",
         ConnectionError,
-        "Could not download 'model.safetensors' .* needs network access",
+        "Cannot download someone/vit-tiny/model.safetensors .* not in the "
+        "Hugging Face cache .* connect once",
         tmp_path,
     )
     hub, _ = fake_hub(tmp_path, FIXTURES / "hf_vit")
-    monkeypatch.setattr(convert, "_import_hub", lambda: hub)
+    monkeypatch.setattr(hub_module, "import_hub", lambda: hub)
     assert_refused(
         "someone/vit-tiny",
         CheckpointError,
@@ -453,7 +454,7 @@ def test_offline_and_missing_files_and_no_huggingface_hub(tmp_path, monkeypatch)
     )
     monkeypatch.undo()
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
-    assert_refused("someone/vit-tiny", ImportError, "needs huggingface_hub", tmp_path)
+    assert_refused("someone/vit-tiny", ImportError, r"keras-vit-tf\[hub\]", tmp_path)
 
 
 # --- the package itself ---------------------------------------------------------

@@ -188,19 +188,24 @@ def cmd_predict(args) -> int:
 
 def cmd_convert(args) -> int:
     from keras_vit.pretrained import convert
+    from keras_vit.pretrained.hub import HubUnavailableError
 
     overrides = {}
     if args.num_heads is not None:
         overrides["num_heads"] = args.num_heads
-    model = convert.convert_checkpoint(
-        args.checkpoint,
-        args.output,
-        image_size=args.image_size,
-        num_classes=args.num_classes,
-        include_top=False if args.no_top else None,
-        sha256=args.sha256,
-        **overrides,
-    )
+    try:
+        model = convert.convert_checkpoint(
+            args.checkpoint,
+            args.output,
+            image_size=args.image_size,
+            num_classes=args.num_classes,
+            include_top=False if args.no_top else None,
+            sha256=args.sha256,
+            **overrides,
+        )
+    except (HubUnavailableError, ImportError) as error:
+        # A named checkpoint without network or huggingface_hub: one line.
+        raise UsageError(str(error)) from None
     print(f"wrote {args.output}: {model.name}, {model.count_params():,} parameters")
     return 0
 

@@ -178,7 +178,9 @@ def _add_convert(command) -> None:
         "model.safetensors + config.json, or a Hugging Face Hub id) to a .keras "
         "model, detecting the architecture from the tensors.",
     )
-    convert.add_argument("checkpoint", help="file, folder or Hub id")
+    convert.add_argument(
+        "checkpoint", help="file, folder, Hub id or short name (e.g. vit-b16)"
+    )
     convert.add_argument("output", help="the .keras file to write")
     convert.add_argument("--image-size", type=int, help="resample to this size")
     convert.add_argument("--num-classes", type=int, help="new zero-initialised head")

@@ -140,6 +140,10 @@ class PatchEncoder(keras.layers.Layer):
             of patches. Needed for grid-shaped input of unknown size.
         patch_norm: bool, LayerNorm before and after the projection, as in
             vit-pytorch.
+        position_resample: str, the kernel that resamples the learned table
+            at another grid: `"bicubic"` or `"bilinear"` (TensorFlow's
+            resize), or the one of the library a converted checkpoint came
+            from, `"timm"`, `"hf"` or `"big_vision"` (see `position`).
         dropout_rate: float, dropout on the embedded tokens.
         layer_norm_epsilon: float, epsilon of the patch LayerNorms.
 
@@ -148,7 +152,7 @@ class PatchEncoder(keras.layers.Layer):
             `(batch, rows, cols, patch_dim)` (`Patches(flatten=False)`), where
             rows and cols may differ from `grid_size` and be unknown until
             run time: the position embedding then follows the actual grid,
-            the learned one resampled bicubically as `with_image_size` does
+            the learned one resampled as `with_image_size` does
             (the same function), the sin-cos one computed for that grid.
             At `grid_size` the stored table is used as it is.
         training: bool, whether dropout is active.
@@ -165,6 +169,7 @@ class PatchEncoder(keras.layers.Layer):
         position_embedding: str = "learned",
         grid_size: tuple[int, int] | None = None,
         patch_norm: bool = False,
+        position_resample: str = "bicubic",
         dropout_rate: float = 0.0,
         layer_norm_epsilon: float = 1e-6,
         num_register_tokens: int = 0,
@@ -192,6 +197,7 @@ class PatchEncoder(keras.layers.Layer):
         self.class_token = bool(class_token)
         self.distillation_token = bool(distillation_token)
         self.position_embedding = position_embedding
+        self.position_resample = position.check_kernel(position_resample)
         self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
         self.patch_norm = bool(patch_norm)
         self.dropout_rate = check_rate("dropout_rate", dropout_rate)
@@ -323,6 +329,7 @@ class PatchEncoder(keras.layers.Layer):
             (rows, cols),
             sincos=self.position_embedding == "sincos",
             num_prefix_tokens=self.num_embedded_prefix_tokens,
+            method=self.position_resample,
         )
         pos = ops.cast(pos, x.dtype)
         if self.position_embedding == "sincos":
@@ -369,6 +376,7 @@ class PatchEncoder(keras.layers.Layer):
             "position_embedding": self.position_embedding,
             "grid_size": self.grid_size,
             "patch_norm": self.patch_norm,
+            "position_resample": self.position_resample,
             "dropout_rate": self.dropout_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "num_register_tokens": self.num_register_tokens,

@@ -5,6 +5,11 @@ big_vision's `MAPHead` (`pool_type="map"`, SigLIP's image towers) and timm's
 learned query (the probe) attends over every token of the encoder output,
 the attended vector goes through an output projection, then a residual MLP
 behind a LayerNorm: `y = proj(attn(probe, x)); y + MLP(LN(y))`.
+
+Which tokens the probe sees differs: big_vision's models have no prefix
+tokens; timm >= 1.0.16 leaves the class and register tokens out unless
+`pool_include_prefix=True` (`VisionTransformer.pool`), which is
+`num_skipped_tokens` here.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class MAPHead(keras.layers.Layer):
         qkv_bias: bool, whether the query and key/value projections have a
             bias.
         layer_norm_epsilon: float, epsilon of the LayerNorm before the MLP.
+        num_skipped_tokens: int, leading tokens (class, registers) the probe
+            does not attend to; 0 pools every token.
 
     Call arguments:
         x: `(batch, num_tokens, hidden_dim)`, the encoder's normalised output.
@@ -40,9 +47,19 @@ class MAPHead(keras.layers.Layer):
         mlp_dim: int,
         qkv_bias: bool = True,
         layer_norm_epsilon: float = 1e-6,
+        num_skipped_tokens: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if (
+            isinstance(num_skipped_tokens, bool)
+            or not isinstance(num_skipped_tokens, int)
+            or num_skipped_tokens < 0
+        ):
+            raise ValueError(
+                f"`num_skipped_tokens` must be an int >= 0, got {num_skipped_tokens!r}."
+            )
+        self.num_skipped_tokens = num_skipped_tokens
         for key, value in (("num_heads", num_heads), ("mlp_dim", mlp_dim)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{key}` must be a positive int, got {value!r}.")
@@ -81,6 +98,8 @@ class MAPHead(keras.layers.Layer):
             layer.build(vector)
 
     def call(self, x):
+        if self.num_skipped_tokens:
+            x = x[:, self.num_skipped_tokens :]
         hidden_dim = x.shape[2]
         # Known only at run time in a dynamic-size model.
         num_tokens = ops.shape(x)[1] if x.shape[1] is None else x.shape[1]
@@ -111,4 +130,5 @@ class MAPHead(keras.layers.Layer):
             "mlp_dim": self.mlp_dim,
             "qkv_bias": self.qkv_bias,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "num_skipped_tokens": self.num_skipped_tokens,
         }

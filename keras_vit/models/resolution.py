@@ -29,14 +29,15 @@ def resample_position_embedding(
         old_grid: `(rows, cols)` of the source grid; None means square.
         num_prefix_tokens: class/distillation tokens at the front; their
             embeddings are kept as they are.
-        method: `"bicubic"` (timm's choice) or `"bilinear"`.
+        method: the kernel, one of `position.RESAMPLE_KERNELS`:
+            `"bicubic"` / `"bilinear"` (TensorFlow's resize), or the
+            source library's `"timm"`, `"hf"`, `"big_vision"`.
 
     Returns:
         `(1, num_prefix_tokens + new_rows * new_cols, hidden_dim)`, float32.
         With an unchanged grid the input comes back unchanged.
     """
-    if method not in position.INTERPOLATIONS:
-        raise ValueError(f"`method` must be 'bicubic' or 'bilinear', got {method!r}.")
+    position.check_kernel(method)
     table = np.asarray(pos_embedding, dtype="float32")
     if table.ndim == 2:
         table = table[None]
@@ -124,17 +125,22 @@ def nominal_image_size(model: keras.Model) -> tuple[int, int]:
 
 
 def with_image_size(
-    model: keras.Model, image_size: int | tuple[int, int], method: str = "bicubic"
+    model: keras.Model,
+    image_size: int | tuple[int, int],
+    method: str | None = None,
 ) -> keras.Model:
     """Rebuilds a ViT or HybridViT at a new input size with its weights.
 
     Every weight is copied; the learned position embedding is resampled to
-    the new patch grid (prefix tokens kept). The new size must give a whole
+    the new patch grid (prefix tokens kept) with `method`, by default the
+    kernel the model records (`PatchEncoder.position_resample`: the source
+    library's for a converted checkpoint, else bicubic). The new size must give a whole
     number of patches at the model's stride (patch size, or CNN stride times
     1 for a hybrid). A dynamic-size model comes back as a fixed-size one.
     """
     height, width = image_hw(image_size)
     encoder = _patch_encoder(model)
+    method = position.check_kernel(method or encoder.position_resample)
     old_h, old_w = nominal_image_size(model)
     old_grid = encoder.grid_size
     if old_grid is None:

@@ -137,8 +137,10 @@ def build_transformer(
     distilled: bool = False,
     class_token: bool | None = None,
     position_embedding: str = "learned",
+    position_resample: str = "bicubic",
     patch_norm: bool = False,
     pool_norm: bool = False,
+    pool_include_prefix: bool = True,
     dropout_rate: float = 0.0,
     attention_dropout_rate: float = 0.0,
     drop_path_rate: float = 0.0,
@@ -164,6 +166,7 @@ def build_transformer(
         class_token=class_token,
         distillation_token=distilled,
         position_embedding=position_embedding,
+        position_resample=position_resample,
         grid_size=grid_size,
         patch_norm=patch_norm,
         dropout_rate=dropout_rate,
@@ -196,6 +199,7 @@ def build_transformer(
         representation_size=representation_size,
         distilled=distilled,
         pool_norm=pool_norm,
+        pool_include_prefix=pool_include_prefix,
         qkv_bias=qkv_bias,
         layer_norm_epsilon=layer_norm_epsilon,
         classifier_activation=classifier_activation,
@@ -258,6 +262,7 @@ def _norm_pool_and_head(
     representation_size,
     distilled,
     pool_norm,
+    pool_include_prefix,
     qkv_bias,
     layer_norm_epsilon,
     classifier_activation,
@@ -273,12 +278,14 @@ def _norm_pool_and_head(
     if pooling is None:
         return x
     if pooling == "map":
-        # Over every token, prefix tokens included, as big_vision and timm do.
+        # timm >= 1.0.16 leaves the prefix tokens out by default
+        # (`pool_include_prefix=False`); big_vision has none.
         pool = MAPHead(
             num_heads,
             mlp_dim,
             qkv_bias=qkv_bias,
             layer_norm_epsilon=layer_norm_epsilon,
+            num_skipped_tokens=0 if pool_include_prefix else prefix,
             name="map_head",
         )
     else:
@@ -353,8 +360,13 @@ def ViT(
             position embedding, skipped by pooling),
             `representation_size` (pre-logits Dense + tanh), `distilled`
             (DeiT class + distillation heads, averaged), `class_token`,
-            `position_embedding` (`"learned"` or `"sincos"`), `patch_norm`,
+            `position_embedding` (`"learned"` or `"sincos"`),
+            `position_resample` (the kernel that resamples the learned
+            table at another size: `"bicubic"`, `"bilinear"`, or the
+            source library's `"timm"`, `"hf"`, `"big_vision"`), `patch_norm`,
             `pool_norm` (LayerNorm after pooling, timm's `fc_norm`),
+            `pool_include_prefix` (whether `"map"` pooling attends to the
+            class and register tokens too; timm's flag),
             `dropout_rate`, `attention_dropout_rate`, `drop_path_rate`
             (linear over blocks), `qkv_bias`, `layer_scale_init`,
             `layer_norm_epsilon`, `classifier_activation`.

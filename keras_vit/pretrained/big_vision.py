@@ -67,6 +67,8 @@ def big_vision_plan(tensors: dict, config: dict, hints: dict) -> Plan:
             int(pre_logits.shape[-1]) if pre_logits is not None else None
         ),
         layer_norm_epsilon=1e-6,
+        # `resample_posemb` (big_vision and vit_jax): scipy's linear zoom.
+        position_resample="big_vision",
     )
     plan = Plan(ViT, kwargs, grid, int(p), num_classes)
     plan.add(

@@ -20,11 +20,14 @@ from keras_vit.errors import CheckpointError
 from keras_vit.files import sha256 as file_sha256
 from keras_vit.files import write_atomic, write_json_atomic
 from keras_vit.models.hybrid import HybridViT
+from keras_vit.models.preprocessing import normalize_preprocessing
 from keras_vit.models.resolution import resample_position_embedding
 from keras_vit.models.vit import image_hw
 from keras_vit.pretrained.detect import detect_architecture
+from keras_vit.pretrained.hub import download_checkpoint
 from keras_vit.pretrained.layouts import Plan
-from keras_vit.pretrained.metadata import source_metadata
+from keras_vit.pretrained.metadata import source_metadata, timm_preprocessing
+from keras_vit.pretrained.names import NamedCheckpoint, alias_preprocessing, lookup
 from keras_vit.pretrained.readers import (
     TORCH_SUFFIXES,
     read_checkpoint,
@@ -34,85 +37,23 @@ from keras_vit.pretrained.readers import (
 HUB_PATTERN = re.compile(r"^(hf-hub:)?[\w.-]+/[\w.-]+$")
 
 # --------------------------------------------------------------------------
-# The Hugging Face Hub
-
-
-def _import_hub():
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise ImportError(
-            "Downloading checkpoints by name needs huggingface_hub: "
-            'pip install "keras-vit-tf[hub]". Local paths work without it.'
-        ) from None
-    return huggingface_hub
-
-
-def download_checkpoint(
-    repo_id: str,
-    filename: str = "model.safetensors",
-    revision: str | None = None,
-    sha256: str | None = None,
-) -> Path:
-    """Downloads `filename` (and `config.json`) of a Hub repository into the
-    Hugging Face cache and checks the checkpoint's sha256.
-
-    The expected digest is `sha256` when given, otherwise the Hub's own: the
-    cache stores large (LFS) files under their sha256. Returns the local
-    path of the checkpoint.
-    """
-    hub = _import_hub()
-    repo_id = repo_id.removeprefix("hf-hub:")
-    if filename.endswith(TORCH_SUFFIXES):
-        refuse_torch(Path(filename))
-    try:
-        local = Path(hub.hf_hub_download(repo_id, filename, revision=revision))
-    except Exception as error:
-        # Matched by class name: huggingface_hub has renamed and re-parented
-        # these across releases.
-        kinds = {c.__name__ for c in type(error).__mro__}
-        offline = kinds & {"LocalEntryNotFoundError", "OfflineModeIsEnabled"}
-        if not offline and "EntryNotFoundError" in kinds:
-            raise CheckpointError(
-                f"Hub repository {repo_id!r} has no {filename!r}. keras_vit reads "
-                "safetensors or .npz files only (PyTorch .bin pickles are refused)."
-            ) from None
-        if not offline and "RepositoryNotFoundError" in kinds:
-            raise CheckpointError(
-                f"No Hub repository {repo_id!r} (or it is private or gated)."
-            ) from None
-        raise ConnectionError(
-            f"Could not download {filename!r} from the Hugging Face Hub repository "
-            f"{repo_id!r} ({type(error).__name__}: {error}). This needs network "
-            "access (or the file in the local Hugging Face cache); offline, pass "
-            "the path of a local checkpoint instead."
-        ) from None
-    for extra in ("config.json", "preprocessor_config.json"):
-        try:
-            hub.hf_hub_download(repo_id, extra, revision=revision)
-        except Exception:
-            pass  # timm .npz repos and others lack them; the tensors suffice.
-    blob = local.resolve().name
-    expected = sha256 or (blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None)
-    if expected is None:
-        raise CheckpointError(
-            f"Cannot verify {filename!r} from {repo_id!r}: the Hub gave no sha256 "
-            "for it; pass sha256= with the digest you expect."
-        )
-    actual = file_sha256(local)
-    if actual != expected.lower():
-        raise CheckpointError(
-            f"sha256 mismatch for {filename!r} from {repo_id!r}: expected "
-            f"{expected}, the file has {actual}. Delete it from the Hugging Face "
-            "cache and download again."
-        )
-    return local
+# Where a checkpoint comes from
 
 
 def resolve_source(
     src, filename: str | None = None, revision=None, sha256=None
 ) -> Path:
-    """A local file or folder as it is; otherwise a Hub repository id."""
+    """A local file or folder as it is; otherwise a short name of
+    `names.ALIASES` or a Hub repository id (downloaded, or found in the
+    Hugging Face cache)."""
+    entry = lookup(src) if not Path(src).exists() else None
+    if entry is not None:
+        return download_checkpoint(
+            entry.repo_id,
+            filename or entry.filename,
+            revision or entry.revision,
+            sha256 or entry.sha256,
+        )
     path = Path(src)
     if path.exists():
         if sha256 is not None and path.is_file() and file_sha256(path) != sha256:
@@ -135,7 +76,8 @@ def resolve_source(
     raise FileNotFoundError(
         f"No checkpoint at {str(src)!r}: not a local file or folder, and not a "
         "Hugging Face Hub repository id such as 'timm/vit_tiny_patch16_224."
-        "augreg_in21k_ft_in1k'."
+        "augreg_in21k_ft_in1k', nor a short name such as 'vit-b16' "
+        "(keras_vit.pretrained.names.ALIASES)."
     )
 
 
@@ -177,6 +119,7 @@ def _values_for(model: keras.Model, plan: Plan, tensors: dict, skip: set[str]) -
                     encoder.grid_size,
                     plan.grid,
                     encoder.num_embedded_prefix_tokens,
+                    encoder.position_resample,
                 )
             except ValueError as error:
                 problems.append(f"{sources[0]} cannot be resampled: {error}")
@@ -235,6 +178,7 @@ def convert_checkpoint(
     filename: str | None = None,
     revision: str | None = None,
     sha256: str | None = None,
+    dynamic_size: bool = False,
     **overrides,
 ) -> keras.Model:
     """Converts a timm, Hugging Face or AugReg/big_vision ViT checkpoint.
@@ -251,12 +195,17 @@ def convert_checkpoint(
             `<out_path without .keras>/metadata.json` (the trainer's format,
             found by `predict`, `evaluate`, `visualize` and `export`).
         image_size: build at this size; the position embedding is resampled
-            (bicubic) from the checkpoint's grid.
+            from the checkpoint's grid with the kernel of the library the
+            checkpoint came from (timm, Hugging Face or big_vision), which
+            the model records for `with_image_size` and `dynamic_size`.
         num_classes: a new head of this size (zero-initialised, for
             fine-tuning) instead of the checkpoint's.
         include_top: `False` drops the head.
         filename, revision, sha256: which Hub file / revision to fetch, and
             the sha256 it must have (checked for local files too).
+        dynamic_size: a model that takes images of any size (multiples of
+            the patch size), its position table resampled in the graph with
+            the source's kernel, as `ViT(dynamic_size=True)`.
         **overrides: what the tensors cannot tell and the config does not
             say: `num_heads`, `norm_groups` (hybrid GroupNorm groups, default
             32), `layer_norm_epsilon`.
@@ -307,6 +256,8 @@ def convert_checkpoint(
         )
     source_size = (plan.grid[0] * plan.stride, plan.grid[1] * plan.stride)
     kwargs["image_size"] = image_hw(image_size) if image_size else source_size
+    if dynamic_size:
+        kwargs["dynamic_size"] = True
     model = plan.builder(**kwargs)
     values = _values_for(model, plan, tensors, skip)
     for variable in model.weights:
@@ -322,10 +273,48 @@ def convert_checkpoint(
             new_head=num_classes is not None and num_classes != plan.num_classes,
             source=str(src),
         )
+        entry = lookup(src) if not Path(src).exists() else None
+        if entry is not None:
+            _add_alias_metadata(metadata, model, entry)
         folder = Path(out_path).with_suffix("")
         folder.mkdir(exist_ok=True)
         write_json_atomic(folder / "metadata.json", metadata)
     return model
+
+
+def _add_alias_metadata(metadata: dict, model: keras.Model, entry: NamedCheckpoint):
+    """The alias table's preprocessing where the downloaded config states
+    none, and the repository the short name stands for."""
+    metadata["source"]["repo_id"] = entry.repo_id
+    config = alias_preprocessing(entry)
+    if "preprocessing" not in metadata and config is not None:
+        preprocessing = timm_preprocessing(config)
+        metadata["preprocessing"] = normalize_preprocessing(model, preprocessing)
+
+
+def from_pretrained(
+    name: str, out_path: str | os.PathLike | None = None, **options
+) -> keras.Model:
+    """A named checkpoint as a keras_vit model.
+
+    Args:
+        name: a short name of `keras_vit.pretrained.names.ALIASES`
+            (`"vit-b16"`, `"deit-s16"`, ...), a Hugging Face Hub id
+            (`"timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"`,
+            `"facebook/dinov2-small"`), or a local checkpoint path.
+            Downloads go into the Hugging Face cache and are read from there
+            afterwards, also offline (`HF_HUB_OFFLINE=1`); they need the
+            `hub` extra (`pip install 'keras-vit-tf[hub]'`).
+        out_path: also save the model there (`.keras`, with its
+            `metadata.json`: preprocessing and labels).
+        **options: as for `convert_checkpoint` (`image_size`,
+            `num_classes`, `include_top`, `dynamic_size`, `revision`,
+            `sha256`, ...).
+
+    Returns:
+        The converted `keras.Model`.
+    """
+    return convert_checkpoint(name, out_path, **options)
 
 
 def save_atomically(model: keras.Model, out_path: str | os.PathLike) -> Path:

@@ -70,6 +70,8 @@ def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         representation_size=int(hidden) if pooler else None,
         qkv_bias=enc + "0.attention.attention.query.bias" in tensors,
         layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)),
+        # `interpolate_pos_encoding`: torch's bicubic, no antialias.
+        position_resample="hf",
     )
     plan = Plan(ViT, kwargs, grid, int(p), num_classes)
     embeddings = root + "embeddings."

@@ -30,9 +30,64 @@ def refuse_torch(path: Path) -> None:
     )
 
 
+# safetensors' own limit on the JSON header (100 MB).
+MAX_SAFETENSORS_HEADER = 100_000_000
+# Bytes per element of safetensors' dtypes (sub-byte float4/6 kinds aside).
+SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+
+
+def is_safetensors(path: Path) -> bool:
+    """Whether `path` passes the checks safetensors makes when it opens a
+    file: an 8-byte little-endian header length that fits the file, a JSON
+    object header, and tensors whose byte ranges tile the data section
+    exactly, each as long as its dtype and shape say.
+
+    The first byte alone cannot tell: a header length whose low byte is 0x80
+    starts the file with pickle's PROTO opcode.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) != 8:
+            return False
+        header_len = int.from_bytes(prefix, "little")
+        if not 2 <= header_len <= min(MAX_SAFETENSORS_HEADER, size - 8):
+            return False
+        raw = f.read(header_len)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(header, dict):
+        return False
+    header.pop("__metadata__", None)
+    spans = []
+    for meta in header.values():
+        if not _valid_entry(meta) or meta["dtype"] not in SAFETENSORS_ITEMSIZE:
+            return False
+        begin, end = meta["data_offsets"]
+        count = int(np.prod(meta["shape"], dtype=np.int64))
+        if end - begin != count * SAFETENSORS_ITEMSIZE[meta["dtype"]]:
+            return False
+        spans.append((begin, end))
+    position = 0
+    for begin, end in sorted(spans):
+        if begin != position:
+            return False
+        position = end
+    return 8 + header_len + position == size
+
+
 def _is_torch_file(path: Path, head: bytes) -> bool:
-    if path.suffix.lower() in TORCH_SUFFIXES or head[:1] == b"\x80":
+    if path.suffix.lower() in TORCH_SUFFIXES:
         return True
+    if head[:1] == b"\x80":
+        # Pickle's PROTO opcode, or a safetensors header length ending in 0x80.
+        return not is_safetensors(path)
     if head[:2] == b"PK":
         try:
             with zipfile.ZipFile(path) as archive:
@@ -90,12 +145,12 @@ def _is_float(dtype) -> bool:
     return np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16"
 
 
-def _check_header_entry(path: Path, name: str, meta) -> None:
+def _valid_entry(meta) -> bool:
     """A safetensors header entry is `{"dtype": str, "shape": [int, ...],
-    "data_offsets": [begin, end]}`; anything else is a damaged file."""
+    "data_offsets": [begin, end]}`."""
     offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
     shape = meta.get("shape") if isinstance(meta, dict) else None
-    ok = (
+    return (
         isinstance(meta, dict)
         and isinstance(meta.get("dtype"), str)
         and isinstance(shape, list)
@@ -105,7 +160,11 @@ def _check_header_entry(path: Path, name: str, meta) -> None:
         and all(isinstance(o, int) for o in offsets)
         and 0 <= offsets[0] <= offsets[1]
     )
-    if not ok:
+
+
+def _check_header_entry(path: Path, name: str, meta) -> None:
+    """Anything but a valid header entry is a damaged file."""
+    if not _valid_entry(meta):
         shown = json.dumps(meta)[:120]
         raise CheckpointError(
             f"{path} has a malformed safetensors header: entry {name!r} is {shown}; "

@@ -41,6 +41,7 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     registers = tensors["reg_token"].shape[1] if "reg_token" in tensors else 0
     fc_norm = "fc_norm.weight" in tensors
     pool = _global_pool(tensors, config, args, class_token, fc_norm)
+    include_prefix = _pool_include_prefix(args, pool, embedded + registers)
     num_classes = tensors["head.weight"].shape[0] if "head.weight" in tensors else 0
     grid, covered = _grid(tensors, config, args, hints, embedded + registers, stride)
     hidden = kwargs.pop("hidden_dim")
@@ -61,6 +62,9 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         qkv_bias="blocks.0.attn.qkv.bias" in tensors,
         layer_scale_init=1e-5 if "blocks.0.ls1.gamma" in tensors else None,
         layer_norm_epsilon=1e-6,
+        pool_include_prefix=include_prefix,
+        # `resample_abs_pos_embed`: torch's antialiased bicubic.
+        position_resample="timm",
     )
     if pool == "":
         # Unpooled tokens (timm's global_pool=""): the encoder's output.
@@ -133,6 +137,21 @@ def _global_pool(tensors, config, args, class_token: bool, fc_norm: bool) -> str
             f"timm global_pool={pool!r} is not supported; valid: 'token', 'avg', 'map'."
         )
     return pool
+
+
+def _pool_include_prefix(args: dict, pool: str, prefix: int) -> bool:
+    """timm's `pool_include_prefix` (default False since timm 1.0.16): the
+    MAP head attends to the class and register tokens only when it is set;
+    a mean over them too has no keras_vit counterpart."""
+    include = args.get("pool_include_prefix", False)
+    if not isinstance(include, bool):
+        raise CheckpointError(f"timm pool_include_prefix={include!r} is not a bool.")
+    if include and prefix and pool == "avg":
+        raise CheckpointError(
+            "timm global_pool='avg' with pool_include_prefix=True averages the "
+            "class and register tokens too; keras_vit's mean pooling skips them."
+        )
+    return include
 
 
 def _grid(tensors, config, args, hints, prefix: int, stride: int):
