@@ -64,7 +64,8 @@ def train(remat: bool):
         )
     keras.utils.set_random_seed(1)  # the same drop-path masks in both runs
     history = model.fit(stream(), steps_per_epoch=2, epochs=1, verbose=0)
-    moved = [s - np.asarray(w) for s, w in zip(start, model.trainable_weights)]
+    weights = model.trainable_weights
+    moved = [s - np.asarray(w) for s, w in zip(start, weights, strict=True)]
     return model, moved, history.history["loss"]
 
 
