@@ -219,6 +219,13 @@ class TransformerBlock(_TokenAttentionLayer):
         layer_norm_epsilon: float, epsilon of both LayerNorms.
         head_dim: int or None, width of each attention head; None means
             `hidden_dim // num_heads` (see `MultiHeadSelfAttention`).
+        remat: bool, gradient checkpointing: in training, keep only the
+            inputs of the attention and MLP branches for the backward pass
+            and recompute the rest (`keras.remat`; `tf.recompute_grad` on
+            TensorFlow). Same outputs and gradients, less memory, one more
+            forward pass of the block. Needs `dropout_rate` and
+            `attention_dropout_rate` of 0: a recomputed dropout draws a new
+            mask. Stochastic depth stays outside the recomputed part.
 
     Call arguments:
         x: `(batch, num_tokens, hidden_dim)`.
@@ -242,9 +249,21 @@ class TransformerBlock(_TokenAttentionLayer):
         layer_scale_init: float | None = None,
         layer_norm_epsilon: float = 1e-6,
         head_dim: int | None = None,
+        remat: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if not isinstance(remat, bool):
+            raise ValueError(f"`remat` must be True or False, got {remat!r}.")
+        if remat and (dropout_rate or attention_dropout_rate):
+            raise ValueError(
+                "`remat=True` needs dropout_rate=0 and attention_dropout_rate=0 "
+                "(a recomputed dropout would draw another mask), got "
+                f"dropout_rate={dropout_rate!r}, "
+                f"attention_dropout_rate={attention_dropout_rate!r}; "
+                "drop_path_rate works with remat."
+            )
+        self.remat = remat
         self.num_heads = int(num_heads)
         self.head_dim = None if head_dim is None else int(head_dim)
         self.mlp_dim = int(mlp_dim)
@@ -297,12 +316,22 @@ class TransformerBlock(_TokenAttentionLayer):
     def call(
         self, x, training=None, return_attention_scores=False, num_query_tokens=None
     ):
-        attended = self.attention(
-            self.norm1(x),
-            training=training,
-            return_attention_scores=return_attention_scores,
-            num_query_tokens=num_query_tokens,
-        )
+        def attention_branch(tokens):
+            return self.attention(
+                self.norm1(tokens),
+                training=training,
+                return_attention_scores=return_attention_scores,
+                num_query_tokens=num_query_tokens,
+            )
+
+        def mlp_branch(tokens):
+            return self.mlp(self.norm2(tokens), training=training)
+
+        # Only a training step keeps activations for a backward pass.
+        if self.remat and training and not return_attention_scores:
+            attention_branch = keras.remat(attention_branch)
+            mlp_branch = keras.remat(mlp_branch)
+        attended = attention_branch(x)
         if return_attention_scores:
             attended, scores = attended
         if self.layer_scale1 is not None:
@@ -310,7 +339,7 @@ class TransformerBlock(_TokenAttentionLayer):
         if num_query_tokens is not None:
             x = x[:, : attended.shape[1]]
         x = x + self.drop_path1(attended, training=training)
-        mlp_out = self.mlp(self.norm2(x), training=training)
+        mlp_out = mlp_branch(x)
         if self.layer_scale2 is not None:
             mlp_out = self.layer_scale2(mlp_out)
         x = x + self.drop_path2(mlp_out, training=training)
@@ -330,5 +359,6 @@ class TransformerBlock(_TokenAttentionLayer):
             "layer_scale_init": self.layer_scale_init,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "head_dim": self.head_dim,
+            "remat": self.remat,
         }
         return with_sublayer_policies(self, config)

@@ -149,6 +149,7 @@ def build_transformer(
     layer_norm_epsilon: float = 1e-6,
     classifier_activation: str | None = None,
     num_register_tokens: int = 0,
+    remat: bool = False,
     name: str = "vit",
 ) -> keras.Model:
     """Patch embedding, encoder, pooling and head on top of `patches`.
@@ -187,6 +188,7 @@ def build_transformer(
         qkv_bias=qkv_bias,
         layer_scale_init=layer_scale_init,
         layer_norm_epsilon=layer_norm_epsilon,
+        remat=remat,
     )
     x = _norm_pool_and_head(
         x,
@@ -369,7 +371,11 @@ def ViT(
             class and register tokens too; timm's flag),
             `dropout_rate`, `attention_dropout_rate`, `drop_path_rate`
             (linear over blocks), `qkv_bias`, `layer_scale_init`,
-            `layer_norm_epsilon`, `classifier_activation`.
+            `layer_norm_epsilon`, `classifier_activation`, `remat`
+            (gradient checkpointing of every block: training keeps only each
+            block's branch inputs and recomputes the rest in the backward
+            pass; needs `dropout_rate=0` and `attention_dropout_rate=0`, see
+            `TransformerBlock`).
 
     Returns:
         A `keras.Model` from images `(batch, height, width, num_channels)` to

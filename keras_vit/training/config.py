@@ -96,6 +96,9 @@ class ModelConfig:
     pretrained: str = ""
     freeze_backbone: bool = False
     lora_rank: int = 0
+    # Gradient checkpointing of every encoder block (`ViT(remat=True)`):
+    # less activation memory for one more forward pass of each block.
+    remat: bool = False
     distilled: bool = False  # DeiT class + distillation tokens and heads
     # kind="hybrid": ResNet-v2 stem blocks per stage (() = the paper's R50) and
     # its width (0 = 64); kind="cnn": SmallCNN's filters per stage.
@@ -254,6 +257,15 @@ def _validate_model(model: ModelConfig) -> None:
     for key in ("dropout_rate", "attention_dropout_rate", "drop_path_rate"):
         _check(f"model.{key}", getattr(model, key), 0.0, 0.99)
     _check("model.layer_scale_init", model.layer_scale_init, 0.0)
+    if model.remat and (
+        model.kind == "cnn" or model.dropout_rate or model.attention_dropout_rate
+    ):
+        raise ValueError(
+            "model.remat=True applies to a transformer (kind 'vit' or 'hybrid') "
+            "with dropout_rate=0 and attention_dropout_rate=0, got "
+            f"kind={model.kind!r}, dropout_rate={model.dropout_rate!r}, "
+            f"attention_dropout_rate={model.attention_dropout_rate!r}."
+        )
     if model.lora_rank and (
         model.kind != "vit" or model.freeze_backbone or model.resize_at
     ):

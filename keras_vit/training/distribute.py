@@ -28,8 +28,10 @@ own whole-step XLA is used. `evaluate` and `predict` run without XLA.
 
 Use `compile_model` under MultiWorkerMirroredStrategy even without XLA: Keras
 3.15's `fit` fails there before the first step (see `_build_from_local_batch`
-and `_with_replica_axis`, which work around both failures). Gradient
-accumulation with two or more replicas is refused: Keras 3.15 cannot run it.
+and `_with_replica_axis`, which work around both failures). Keras 3.15's
+gradient accumulation fails with two or more replicas; `compile_model` takes
+`gradient_accumulation_steps` from the optimizer there and accumulates in
+`keras_vit.training.accumulate` instead.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from keras_vit.training import accumulate
 from keras_vit.training.config import STRATEGY_NAMES
 
 STRATEGIES = STRATEGY_NAMES
@@ -233,15 +236,7 @@ def compile_model(
                 "inside the scope (or pass its name) so its slots are mirrored."
             )
     replicas = strategy.num_replicas_in_sync
-    for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-        if replicas > 1 and getattr(opt, "gradient_accumulation_steps", None):
-            # Keras 3.15 applies accumulated gradients inside a `cond` whose
-            # branches call `merge_call`, which tf.distribute cannot do.
-            raise ValueError(
-                f"gradient_accumulation_steps={opt.gradient_accumulation_steps} "
-                f"does not work with {replicas} replicas in Keras 3.15; raise the "
-                "global batch size instead (each replica adds its share)."
-            )
+    accumulation = _take_accumulation(optimizer) if replicas > 1 else None
     if jit_compile == "auto":
         accelerators = tf.config.list_logical_devices("GPU")
         accelerators += tf.config.list_logical_devices("TPU")
@@ -253,18 +248,44 @@ def compile_model(
     whole_step = bool(jit_compile) and replicas == 1
     with strategy.scope():
         model.compile(jit_compile=whole_step, **compile_kwargs)
-    for name in ("train_step", "test_step", "_maybe_symbolic_build"):
+    for name in (
+        "train_step",
+        "test_step",
+        "_maybe_symbolic_build",
+        "make_train_function",
+    ):
         if name in vars(model):
             delattr(model, name)  # undo an earlier compile_model
     model.xla_mode = "whole_step" if whole_step else None
     if jit_compile and replicas > 1:
-        model.train_step = _per_replica_xla_train_step(model)
         model.xla_mode = "per_replica"
+        model.train_step = _per_replica_xla_train_step(model)
+    if accumulation:
+        accumulate.install(model, strategy, accumulation, bool(jit_compile))
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         model.train_step = _with_replica_axis(model.train_step)
         model.test_step = _with_replica_axis(model.test_step)
         model._maybe_symbolic_build = _build_from_local_batch(model, strategy)
     return model
+
+
+def _take_accumulation(optimizer) -> int | None:
+    """The optimizer's `gradient_accumulation_steps`, taken from it: Keras
+    3.15 applies accumulated gradients inside a `cond` whose branches call
+    `merge_call`, which tf.distribute cannot do with two or more replicas;
+    `accumulate.install` accumulates outside the optimizer instead."""
+    for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        steps = getattr(opt, "gradient_accumulation_steps", None)
+        if not steps:
+            continue
+        if opt.built:
+            raise ValueError(
+                f"gradient_accumulation_steps={steps} with two or more replicas "
+                "needs an optimizer not yet used; pass a fresh one."
+            )
+        opt.gradient_accumulation_steps = None
+        return steps
+    return None
 
 
 def _with_replica_axis(step):
@@ -302,31 +323,12 @@ def _build_from_local_batch(model, strategy):
 def _per_replica_xla_train_step(model):
     """Keras 3.15's `TensorFlowTrainer.train_step`, with the forward and
     backward pass in an XLA function that each replica calls for itself."""
-
-    @tf.function(jit_compile=True)
-    def forward_backward(x, y, sample_weight):
-        with tf.GradientTape() as tape:
-            if model._call_has_training_arg:
-                y_pred = model(x, training=True)
-            else:
-                y_pred = model(x)
-            loss = model._compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-            )
-            scaled = model.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled, model.trainable_weights)
-        return loss, y_pred, gradients
+    forward_backward = accumulate.forward_backward_function(model, jit_compile=True)
 
     def train_step(data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         loss, y_pred, gradients = forward_backward(x, y, sample_weight)
-        # Keras divides each loss by the replica count; the tracker wants the
-        # replica's own mean back.
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        first_input = next(t for t in tf.nest.flatten(x) if t is not None)
-        model._loss_tracker.update_state(
-            loss * tf.cast(replicas, loss.dtype), sample_weight=tf.shape(first_input)[0]
-        )
+        accumulate.track_replica_loss(model, loss, x)
         if model.trainable_weights:
             pairs = zip(gradients, model.trainable_weights, strict=True)
             model.optimizer.apply_gradients(pairs)

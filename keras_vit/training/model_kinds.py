@@ -49,4 +49,5 @@ def build_kind(config: TrainConfig, num_classes: int, image_size: int) -> keras.
         dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate,
         drop_path_rate=m.drop_path_rate,
+        remat=m.remat,
     )

@@ -60,6 +60,7 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
         dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate,
         drop_path_rate=m.drop_path_rate,
+        remat=m.remat,
         distilled=m.distilled,
         **options,
     )
