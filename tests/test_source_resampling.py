@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 import tensorflow as tf
-from helpers import REPO
+from helpers import REPO, check_dtype_policy_contract
 
 import keras_vit
 from keras_vit.models import position
@@ -204,3 +204,22 @@ def test_exported_dynamic_model_serves_timms_logits_at_every_size(tmp_path):
         served = serve(pixels=tf.constant(pixels, tf.float32))["logits"].numpy()
         # The pixel round trip costs float32 rounding, far below the bound.
         assert relative_error(served, expected) < RELATIVE, name
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_new_options_keep_the_dtype_policy_contract(policy, tmp_path):
+    check_dtype_policy_contract(
+        lambda dtype: keras_vit.MAPHead(2, 16, num_skipped_tokens=2, dtype=dtype),
+        (2, 7, 8),
+        policy,
+        tmp_path,
+    )
+    # Patches on a grid other than the table's: the timm kernel in the graph.
+    check_dtype_policy_contract(
+        lambda dtype: keras_vit.PatchEncoder(
+            8, grid_size=(4, 4), position_resample="timm", dtype=dtype
+        ),
+        (2, 3, 5, 12),
+        policy,
+        tmp_path,
+    )
