@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keras_vit.models.preprocessing import denormalize_pixels
 from keras_vit.training import data as data_lib
 from keras_vit.training import qat as qat_lib
 from keras_vit.training import run_folder
@@ -64,9 +65,8 @@ def _raw_pixels(config: TrainConfig, dataset, limit: int) -> np.ndarray:
         count += len(batches[-1])
         if count >= limit:
             break
-    mean = np.asarray(config.data.mean, "float32")
-    std = np.asarray(config.data.std, "float32")
-    return (np.concatenate(batches)[:limit] * std + mean) * config.data.pixel_scale
+    contract = data_lib.preprocessing(config.data, batches[0].shape[1:3])
+    return np.asarray(denormalize_pixels(np.concatenate(batches)[:limit], contract))
 
 
 def _export(model, config, labels, preprocessing, image_size) -> dict:
