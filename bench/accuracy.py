@@ -10,7 +10,7 @@ then rewrites the README table between its markers from every such JSON.
     python bench/accuracy.py --dataset digits          # ~25 CPU-minutes
     python bench/accuracy.py --dataset mnist5k
     python bench/accuracy.py --readme                  # README table only
-    python bench/accuracy.py --quick --out /tmp/a.json  # a two-step check
+    python bench/accuracy.py --quick --out quick.json  # a two-step check
 
 Training seconds are wall time on this machine, which other jobs may share;
 CPU-seconds (all threads) are recorded beside them.
