@@ -11,7 +11,7 @@ from every such JSON.
     python bench/accuracy.py --dataset digits          # ~25 CPU-minutes
     python bench/accuracy.py --dataset mnist5k
     python bench/accuracy.py --readme                  # the docs table only
-    python bench/accuracy.py --quick --out /tmp/a.json  # a two-step check
+    python bench/accuracy.py --quick --out quick.json  # a two-step check
 
 Training seconds are wall time on this machine, which other jobs may share;
 CPU-seconds (all threads) are recorded beside them.

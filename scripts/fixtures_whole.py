@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from make_fixtures import (
+from fixture_common import (
     images,
     jax_vit_tensors,
     random_state_dict,

@@ -24,6 +24,9 @@ DIGITS_METADATA_PREPROCESSING = {
     "std": [0.5],
     "pixel_scale": 255.0,
     "resize_method": "bilinear",
+    "crop_fraction": 1.0,
+    "keep_aspect_ratio": False,
+    "antialias": False,
 }
 
 # Parity bounds between two float32 computations of the same network (Keras vs

@@ -68,6 +68,9 @@ def test_digits_eval_split_is_the_shared_fixture_convention():
         "std": [0.5],
         "pixel_scale": 255.0,
         "resize_method": "nearest",
+        "crop_fraction": 1.0,
+        "keep_aspect_ratio": False,
+        "antialias": False,
     }
 
 

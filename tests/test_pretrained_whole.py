@@ -225,7 +225,7 @@ def test_convert_writes_the_checkpoints_preprocessing_and_labels(converted):
     assert timm["source"]["layout"] == "timm"
     hf = json.loads((converted / "hf_vit_china" / "metadata.json").read_text())
     assert hf["preprocessing"]["crop_fraction"] == pytest.approx(64 / 73)
-    assert "keep_aspect_ratio" not in hf["preprocessing"]  # squashes to 73x73
+    assert hf["preprocessing"]["keep_aspect_ratio"] is False  # squashes to 73x73
     assert hf["labels"][:2] == ["class_0", "class_1"]
     assert serving.find_metadata(converted / "hf_vit_china.keras").parent.name == (
         "hf_vit_china"

@@ -1,5 +1,6 @@
 """Checkpoint conversion: parity with timm / transformers on committed
-fixtures (made by scripts/make_fixtures.py), and every refusal."""
+fixtures (made by scripts/make_fixtures.py, whose seeded tensors
+scripts/fixture_common.py rebuilds), and every refusal."""
 
 import ast
 import importlib.util
@@ -27,7 +28,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def load_fixture_script():
     spec = importlib.util.spec_from_file_location(
-        "make_fixtures", REPO / "scripts" / "make_fixtures.py"
+        "fixture_common", REPO / "scripts" / "fixture_common.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -59,9 +60,9 @@ def vit_tiny_checkpoint(tmp_path_factory):
     spec = json.loads(
         (FIXTURES / "timm_vit_tiny_patch16_224" / "spec.json").read_text()
     )
-    make_fixtures = load_fixture_script()
-    tensors = make_fixtures.random_state_dict(spec["tensors"], spec["seed"])
-    assert make_fixtures.digest(tensors) == spec["sha256"], "numpy stream changed"
+    fixture_common = load_fixture_script()
+    tensors = fixture_common.random_state_dict(spec["tensors"], spec["seed"])
+    assert fixture_common.digest(tensors) == spec["sha256"], "numpy stream changed"
     path = tmp_path_factory.mktemp("vit_tiny") / "model.safetensors"
     save_file(tensors, str(path))
     return path

@@ -12,9 +12,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # Subcommands whose options belong to the code they run, passed through as is.
 PASS_THROUGH = ("train", "bench")
-# keras_vit's recipes normalise [0, 1] pixels as (x - 0.5) / 0.5.
-DEFAULT_MEAN = 0.5
-DEFAULT_STD = 0.5
 
 
 class UsageError(Exception):
@@ -156,17 +153,18 @@ def model_metadata(model_path: str) -> dict:
 
 def command_preprocessing(model, model_path: str, mean, std) -> dict:
     """The pixels -> model input constants: `--mean/--std` win, then the
-    model's metadata.json, then keras_vit's recipe default (x - 0.5) / 0.5."""
+    model's metadata.json, then the package's one default
+    (`keras_vit.models.preprocessing.DEFAULT_MEAN` / `DEFAULT_STD`)."""
     from keras_vit.models import preprocessing as preprocessing_lib
 
     given = dict(model_metadata(model_path).get("preprocessing") or {})
     if not given and mean is None and std is None:
+        default_mean = preprocessing_lib.DEFAULT_MEAN[0]
+        default_std = preprocessing_lib.DEFAULT_STD[0]
         print(
             f"note: no metadata.json beside {model_path}; normalising pixels as "
-            f"(x / 255 - {DEFAULT_MEAN}) / {DEFAULT_STD} (set --mean / --std)"
+            f"(x / 255 - {default_mean}) / {default_std} (set --mean / --std)"
         )
-    given.setdefault("mean", DEFAULT_MEAN)
-    given.setdefault("std", DEFAULT_STD)
     if mean is not None:
         given["mean"] = mean
     if std is not None:

@@ -49,6 +49,7 @@ from keras_vit.models.preprocessing import (
     resize_pixels,
 )
 from keras_vit.models.resolution import is_dynamic_size
+from keras_vit.models.vit import model_architecture
 from keras_vit.version import __version__
 
 __all__ = ["export_model"]
@@ -59,20 +60,12 @@ VERIFY_BATCH = 64
 def _architecture(model: keras.Model, variant: str | None) -> dict:
     """What the metadata says about the model: its name, the variant string if
     given, and the architecture numbers read off the stable layer names."""
-    found = {"model_name": model.name, "variant": variant}
-    layers = {layer.name: layer for layer in model.layers}
-    if "patches" in layers:
-        found["patch_size"] = layers["patches"].get_config().get("patch_size")
-    if "patch_encoder" in layers:
-        found["hidden_dim"] = layers["patch_encoder"].get_config().get("hidden_dim")
-    blocks = [n for n in layers if n.startswith("block_")]
-    found["num_layers"] = len(blocks)
-    if blocks:
-        config = layers["block_0"].get_config()
-        found["num_heads"] = config.get("num_heads")
-        found["mlp_dim"] = config.get("mlp_dim")
-    found["parameters"] = int(model.count_params())
-    return found
+    return {
+        "model_name": model.name,
+        "variant": variant,
+        **model_architecture(model),
+        "parameters": int(model.count_params()),
+    }
 
 
 def _versions() -> dict:

@@ -27,6 +27,8 @@ from keras_vit.models import image_bytes
 from keras_vit.models.preprocessing import (
     normalize_pixels,
     resize_pixels,
+    resizes_every_image,
+    resolve_preprocessing,
 )
 
 BYTES_SIGNATURE = "classify_images"
@@ -236,13 +238,12 @@ def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
         if not np.all(np.isfinite(pixels)):
             raise ValueError(f"image {index} holds NaN or Inf pixels.")
         # An image at the model size passes through untouched unless the
-        # preprocessing resizes it anyway (a crop, as its source library does).
-        resizes_anyway = (
-            preprocessing.get("crop_fraction", 1.0) < 1.0
-            or preprocessing.get("keep_aspect_ratio", False)
-            or preprocessing.get("antialias", False)
-        )
-        if resizes_anyway or list(pixels.shape[:2]) != preprocessing["image_size"]:
+        # preprocessing resizes it anyway (a centre crop, as in training-time
+        # evaluation or the model's source library).
+        if (
+            resizes_every_image(preprocessing)
+            or list(pixels.shape[:2]) != preprocessing["image_size"]
+        ):
             pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
             # Bicubic / Lanczos resizing overshoots the range a little.
             pixels = np.clip(pixels, 0.0, preprocessing["pixel_scale"])
@@ -389,6 +390,14 @@ def predict(
     from keras_vit.deploy.exported import read_metadata, run_exported
 
     metadata, labels, pre = read_metadata(path, metadata, find_metadata)
+    # Metadata written before a key existed reads with that key's default.
+    missing = [key for key in ("image_size", "num_channels") if key not in pre]
+    if missing:
+        raise ValueError(
+            f"the model's metadata preprocessing has no {missing[0]!r}; export the "
+            "model again or pass metadata= with a complete 'preprocessing'."
+        )
+    pre = resolve_preprocessing(pre, pre["image_size"], pre["num_channels"])
     pixels = load_pixels(images_or_paths, pre)
     shape = (*pre["image_size"], pre["num_channels"])
     pixels = check_pixel_batch(pixels, shape, pre["pixel_scale"])
@@ -406,9 +415,7 @@ def predict(
                 file=sys.stderr,
             )
         model.compile(jit_compile=settings["jit_compile"])
-        scores = model.predict(
-            normalize_pixels(pixels, metadata["preprocessing"]), verbose=0
-        )
+        scores = model.predict(normalize_pixels(pixels, pre), verbose=0)
         outputs = {"probabilities": scores}
         if not ends_in_softmax(model):
             outputs = {"logits": scores, "probabilities": tf.nn.softmax(scores)}

@@ -22,6 +22,7 @@ from keras_vit.models.vit import (
     image_input,
     parse_variant,
     split_architecture,
+    split_variant,
 )
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
@@ -324,14 +325,12 @@ def HybridViT(
             f"HybridViT takes no patch_size (got {overrides['patch_size']!r}): "
             "its patches are the stem's 1x1 features; choose output_stride."
         )
-    size, _, patch = (
-        variant.partition("/") if isinstance(variant, str) else ("", "", "")
-    )
-    arch = parse_variant(size or variant, patch_size=1, **overrides)
+    size, patch = split_variant(variant)
+    arch = parse_variant(size, patch_size=1, **overrides)
     arch.pop("patch_size")
     blocks, stem_label = _resnet_blocks(stem)
     stride = _stem_stride(blocks, output_stride, stem_weights)
-    if patch and patch != str(stride):
+    if patch and patch != stride:
         raise ValueError(
             f"variant {variant!r} asks for stride {patch}, but stem {stem!r} has "
             f"output stride {stride}."

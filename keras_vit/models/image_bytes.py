@@ -303,11 +303,29 @@ def decode_to_channels(contents: tf.Tensor, channels: int, fmt=None) -> tf.Tenso
     `rgb_to_grayscale` weighs, or with an opaque alpha)."""
     fmt = image_format(contents) if fmt is None else fmt
 
+    def decode(wanted):
+        if wanted not in (1, 3):  # JPEG has no other channel counts
+            return tf.io.decode_image(
+                contents, channels=wanted, expand_animations=False
+            )
+        # JPEGs with the accurate integer IDCT (libjpeg's ISLOW, PIL's
+        # default), as the serving signature and `predict` decode them:
+        # TF's default fast IDCT moves pixels by a level or two.
+        return tf.cond(
+            tf.equal(fmt, JPEG),
+            lambda: tf.io.decode_jpeg(
+                contents, channels=wanted, dct_method="INTEGER_ACCURATE"
+            ),
+            lambda: tf.io.decode_image(
+                contents, channels=wanted, expand_animations=False
+            ),
+        )
+
     def native():
-        return tf.io.decode_image(contents, channels=channels, expand_animations=False)
+        return decode(channels)
 
     def via_rgb():
-        rgb = tf.io.decode_image(contents, channels=3, expand_animations=False)
+        rgb = decode(3)
         if channels == 1:
             return _to_gray(rgb)
         if channels == 4:

@@ -4,8 +4,16 @@ the training pipeline, the export signatures, `predict` and the CLI.
 Clients send raw pixels in `[0, pixel_scale]` (255 for 8-bit images); the
 model sees `(pixels / pixel_scale - mean) / std` at `image_size`. Images of
 another size are resized first with `resize_method` (`tf.image.resize`, no
-antialiasing), the same call in training and serving. The dict that carries
-these constants is recorded in every `metadata.json` the package writes.
+antialiasing), the same call in training-time evaluation and serving. The
+dict that carries these constants (`resolve_preprocessing`, every key) is
+recorded in every `metadata.json` the package writes.
+
+A recipe that evaluates on centre crops (`data.eval_crop`, 0.875 for the
+ImageNet-style folder recipe) records it as `crop_fraction`: training-time
+evaluation, `keras-vit evaluate`, the SavedModel's image-bytes signature and
+`predict` (before it feeds the pixel signature, a `.tflite` or a `.keras`
+model) all resize to `image_size / crop_fraction` and take the centre
+`image_size`, with this module's `resize_pixels`.
 
 Converted checkpoints bring the resize of the library they were trained in
 (timm, Hugging Face: PIL): `antialias` resizes as PIL does an 8-bit image
@@ -42,19 +50,35 @@ PREPROCESSING_KEYS = (
 RESIZE_METHODS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "mitchellcubic")
 
 
-def normalize_preprocessing(model: keras.Model, preprocessing: dict | None) -> dict:
-    """Checks `preprocessing` against the model and fills in the defaults.
+# The one default normalisation: pixels mapped to [-1, 1] (big_vision's
+# `value_range(-1, 1)`), what every recipe here trains with unless it says
+# otherwise. The training config, export and the command line all read it.
+DEFAULT_MEAN = (0.5,)
+DEFAULT_STD = (0.5,)
+DEFAULTS = {
+    "pixel_scale": 255.0,
+    "resize_method": "bilinear",
+    "crop_fraction": 1.0,
+    "keep_aspect_ratio": False,
+    "antialias": False,
+}
+
+
+def resolve_preprocessing(preprocessing: dict | None, image_size, num_channels) -> dict:
+    """The preprocessing contract, checked and complete: the one resolver that
+    training, export, `predict` and the command line go through.
 
     Keys: `image_size` (h, w), `num_channels` (alias `channels`), `mean` and
     `std` (one value per channel, or one for all), `pixel_scale` (255: clients
-    send 0..255), `resize_method` (for the bytes signature), `crop_fraction`,
-    `keep_aspect_ratio` and `antialias` (see the module docstring). Defaults:
-    the model's input size and channels, mean 0, std 1, pixel_scale 255,
-    bilinear, no crop, both sides scaled, no antialiasing.
+    send 0..255), `resize_method`, `crop_fraction`, `keep_aspect_ratio` and
+    `antialias` (see the module docstring). A key left out takes its default:
+    `image_size` and `num_channels` as given here (a given one must match),
+    `DEFAULT_MEAN` / `DEFAULT_STD`, then `DEFAULTS`. The result holds every
+    key of `PREPROCESSING_KEYS`, so metadata records the contract whole;
+    metadata written before a key existed reads with that key's default.
     """
-    # A dynamic-size model's nominal size: that of its position embedding.
-    height, width = nominal_image_size(model)
-    channels = int(model.inputs[0].shape[-1])
+    height, width = image_hw(image_size)
+    channels = int(num_channels)
     given = dict(preprocessing or {})
     if "channels" in given:
         given.setdefault("num_channels", given.pop("channels"))
@@ -76,63 +100,90 @@ def normalize_preprocessing(model: keras.Model, preprocessing: dict | None) -> d
             f"the model's {channels} input channels."
         )
     result = {"image_size": size, "num_channels": channels}
-    for key, default in (("mean", 0.0), ("std", 1.0)):
-        values = np.atleast_1d(np.asarray(given.get(key, default), dtype="float64"))
-        if values.ndim != 1 or len(values) not in (1, channels):
-            raise ValueError(
-                f"preprocessing {key} must be one number or {channels} (one per "
-                f"channel), got {given.get(key)!r}."
-            )
-        values = np.broadcast_to(values, (channels,))
-        if not np.all(np.isfinite(values)) or (key == "std" and np.any(values <= 0)):
-            raise ValueError(
-                f"preprocessing {key} must be finite (std > 0), got {given[key]!r}."
-            )
-        result[key] = [float(v) for v in values]
-    scale = float(given.get("pixel_scale", 255.0))
+    for key, default in (("mean", DEFAULT_MEAN), ("std", DEFAULT_STD)):
+        result[key] = _per_channel(key, given.get(key, default), channels)
+    scale = float(given.get("pixel_scale", DEFAULTS["pixel_scale"]))
     if not np.isfinite(scale) or scale <= 0:
         raise ValueError(f"preprocessing pixel_scale must be > 0, got {scale!r}.")
     result["pixel_scale"] = scale
-    method = given.get("resize_method", "bilinear")
+    method = given.get("resize_method", DEFAULTS["resize_method"])
     if method not in RESIZE_METHODS:
         raise ValueError(
             f"preprocessing resize_method {method!r} is not one of {RESIZE_METHODS}."
         )
     result["resize_method"] = method
-    crop = given.get("crop_fraction", 1.0)
+    crop = given.get("crop_fraction", DEFAULTS["crop_fraction"])
     if isinstance(crop, bool) or not isinstance(crop, int | float) or not 0 < crop <= 1:
         raise ValueError(
             f"preprocessing crop_fraction must be a number in (0, 1], got {crop!r}."
         )
+    result["crop_fraction"] = float(crop)
     for key in ("keep_aspect_ratio", "antialias"):
-        flag = given.get(key, False)
+        flag = given.get(key, DEFAULTS[key])
         if not isinstance(flag, bool):
             raise ValueError(
                 f"preprocessing {key} must be true or false, got {flag!r}."
             )
-    return _with_resize_keys(
-        result, crop, given.get("keep_aspect_ratio"), given.get("antialias")
-    )
-
-
-def _with_resize_keys(result: dict, crop_fraction, keep_aspect_ratio, antialias):
-    """Adds the resize keys that differ from the defaults: the metadata of a
-    model trained here stays as it was, older files read as before."""
-    if crop_fraction is not None and float(crop_fraction) != 1.0:
-        result["crop_fraction"] = float(crop_fraction)
-    if keep_aspect_ratio:
-        result["keep_aspect_ratio"] = True
-    if antialias:
-        result["antialias"] = True
+        result[key] = flag
     return result
 
 
+def _per_channel(key: str, value, channels: int) -> list[float]:
+    values = np.atleast_1d(np.asarray(value, dtype="float64"))
+    if values.ndim != 1 or len(values) not in (1, channels):
+        raise ValueError(
+            f"preprocessing {key} must be one number or {channels} (one per "
+            f"channel), got {value!r}."
+        )
+    values = np.broadcast_to(values, (channels,))
+    if not np.all(np.isfinite(values)) or (key == "std" and np.any(values <= 0)):
+        raise ValueError(
+            f"preprocessing {key} must be finite (std > 0), got {value!r}."
+        )
+    return [float(v) for v in values]
+
+
+def normalize_preprocessing(model: keras.Model, preprocessing: dict | None) -> dict:
+    """`resolve_preprocessing` for `model`: its input size (a dynamic-size
+    model's nominal size, that of its position embedding) and channels."""
+    return resolve_preprocessing(
+        preprocessing, nominal_image_size(model), int(model.inputs[0].shape[-1])
+    )
+
+
+def pixel_affine(preprocessing: dict) -> tuple[np.ndarray, np.ndarray]:
+    """`(scale, shift)`, float32 per channel: the model sees
+    `pixels * scale + shift`, which is `(pixels / pixel_scale - mean) / std`.
+    The one place that formula is written; its inverse and the map between
+    two models' inputs (distillation) are derived from it."""
+    mean = np.asarray(preprocessing["mean"], dtype="float64")
+    std = np.asarray(preprocessing["std"], dtype="float64")
+    scale = 1.0 / (float(preprocessing["pixel_scale"]) * std)
+    return scale.astype("float32"), (-mean / std).astype("float32")
+
+
 def normalize_pixels(pixels, preprocessing: dict):
-    """Raw pixels -> model input, `(pixels / pixel_scale - mean) / std`.
-    Works on numpy arrays and tensors; the serving graph uses it too."""
-    mean = np.asarray(preprocessing["mean"], dtype="float32")
-    std = np.asarray(preprocessing["std"], dtype="float32")
-    return (pixels / np.float32(preprocessing["pixel_scale"]) - mean) / std
+    """Raw pixels -> model input (`pixel_affine`). Works on numpy arrays and
+    tensors; the training pipeline and the serving graph use it."""
+    scale, shift = pixel_affine(preprocessing)
+    return pixels * scale + shift
+
+
+def denormalize_pixels(inputs, preprocessing: dict):
+    """Model input -> raw pixels in `[0, pixel_scale]`: `normalize_pixels`
+    undone."""
+    scale, shift = pixel_affine(preprocessing)
+    return (inputs - shift) / scale
+
+
+def resizes_every_image(preprocessing: dict) -> bool:
+    """Whether `resize_pixels` resizes even an image at the model size (a
+    centre crop, a kept aspect ratio, PIL's antialiasing)."""
+    return (
+        preprocessing.get("crop_fraction", 1.0) < 1.0
+        or preprocessing.get("keep_aspect_ratio", False)
+        or preprocessing.get("antialias", False)
+    )
 
 
 def resize_pixels(pixels, preprocessing: dict):
@@ -144,11 +195,7 @@ def resize_pixels(pixels, preprocessing: dict):
     Hugging Face resize with PIL (see the module docstring)."""
     pixels = tf.convert_to_tensor(pixels, tf.float32)
     size = preprocessing["image_size"]
-    if (
-        preprocessing.get("crop_fraction", 1.0) < 1.0
-        or preprocessing.get("keep_aspect_ratio", False)
-        or preprocessing.get("antialias", False)
-    ):
+    if resizes_every_image(preprocessing):
         return _resize_and_crop(pixels, preprocessing)
     same_size = tf.reduce_all(tf.equal(tf.shape(pixels)[1:3], size))
     return tf.cond(
@@ -213,35 +260,17 @@ def _resize_and_crop(pixels, preprocessing: dict):
     return x[:, top : top + target_h, left : left + target_w, :]
 
 
-def preprocessing_dict(
-    image_size,
-    num_channels: int,
-    mean,
-    std,
-    pixel_scale: float = 255.0,
-    resize_method: str = "bilinear",
-    crop_fraction: float = 1.0,
-    keep_aspect_ratio: bool = False,
-    antialias: bool = False,
-) -> dict:
-    """The contract's dict, as written into metadata.json."""
-    height, width = image_hw(image_size)
-    result = {
-        "image_size": [height, width],
-        "num_channels": int(num_channels),
-        "mean": [float(v) for v in np.atleast_1d(mean)],
-        "std": [float(v) for v in np.atleast_1d(std)],
-        "pixel_scale": float(pixel_scale),
-        "resize_method": resize_method,
-    }
-    return _with_resize_keys(result, crop_fraction, keep_aspect_ratio, antialias)
-
-
 __all__ = [
+    "DEFAULTS",
+    "DEFAULT_MEAN",
+    "DEFAULT_STD",
     "PREPROCESSING_KEYS",
     "RESIZE_METHODS",
+    "denormalize_pixels",
     "normalize_pixels",
     "normalize_preprocessing",
-    "preprocessing_dict",
+    "pixel_affine",
     "resize_pixels",
+    "resizes_every_image",
+    "resolve_preprocessing",
 ]

@@ -25,12 +25,17 @@ ARCHITECTURE_KEYS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp
 HEAD_LAYERS = ("head", "head_dist")
 
 
-def parse_variant(variant: str, **overrides) -> dict:
-    """Turns `"B/16"` into the architecture dict; non-None overrides win.
+def variant_heads(hidden_dim: int) -> int | None:
+    """The number of heads of the `VARIANTS` size of this width, or None."""
+    for arch in VARIANTS.values():
+        if arch["hidden_dim"] == hidden_dim:
+            return arch["num_heads"]
+    return None
 
-    The patch size may be left out of the string (`"B"`) when `patch_size`
-    is passed as an override.
-    """
+
+def split_variant(variant: str) -> tuple[str, int | None]:
+    """`"B/16"` -> `("B", 16)`, `"B"` -> `("B", None)`: the one parser of
+    variant strings (the size checked against `VARIANTS`)."""
     if not isinstance(variant, str):
         raise ValueError(f"variant must be a string like 'B/16', got {variant!r}.")
     size, _, patch = variant.partition("/")
@@ -39,14 +44,26 @@ def parse_variant(variant: str, **overrides) -> dict:
             f"Unknown ViT variant {variant!r}; valid sizes are "
             f"{', '.join(VARIANTS)}, written like 'B/16' (size/patch size)."
         )
+    if not patch:
+        return size, None
+    if not patch.isdigit() or int(patch) < 1:
+        raise ValueError(
+            f"Bad patch size {patch!r} in variant {variant!r}; expected a "
+            "positive integer such as 'B/16'."
+        )
+    return size, int(patch)
+
+
+def parse_variant(variant: str, **overrides) -> dict:
+    """Turns `"B/16"` into the architecture dict; non-None overrides win.
+
+    The patch size may be left out of the string (`"B"`) when `patch_size`
+    is passed as an override.
+    """
+    size, patch = split_variant(variant)
     arch = dict(VARIANTS[size])
     if patch:
-        if not patch.isdigit() or int(patch) < 1:
-            raise ValueError(
-                f"Bad patch size {patch!r} in variant {variant!r}; expected a "
-                "positive integer such as 'B/16'."
-            )
-        arch["patch_size"] = int(patch)
+        arch["patch_size"] = patch
     unknown = set(overrides) - set(ARCHITECTURE_KEYS)
     if unknown:
         raise ValueError(
@@ -68,6 +85,25 @@ def parse_variant(variant: str, **overrides) -> dict:
             f"{arch['num_heads']}."
         )
     return arch
+
+
+def model_architecture(model: keras.Model) -> dict:
+    """The `ARCHITECTURE_KEYS` of a built ViT or HybridViT, read off its
+    stable layer names (`patches`, `patch_encoder`, `block_0`...): what an
+    export records (a hybrid's patches are 1x1 cells of its stem's features,
+    `patch_size` 1)."""
+    layers = {layer.name: layer for layer in model.layers}
+    found = dict.fromkeys(ARCHITECTURE_KEYS)
+    if "patches" in layers:
+        found["patch_size"] = layers["patches"].patch_size
+    if "patch_encoder" in layers:
+        found["hidden_dim"] = layers["patch_encoder"].hidden_dim
+    found["num_layers"] = sum(1 for name in layers if name.startswith("block_"))
+    if "block_0" in layers:
+        config = layers["block_0"].get_config()
+        found["num_heads"] = config["num_heads"]
+        found["mlp_dim"] = config["mlp_dim"]
+    return found
 
 
 def image_hw(image_size: int | tuple[int, int]) -> tuple[int, int]:
@@ -384,7 +420,7 @@ def ViT(
     arch, (height, width), options = resolve_architecture(variant, image_size, options)
     p = arch.pop("patch_size")
     if name is None:
-        name = f"vit_{variant.split('/')[0].lower()}{p}"
+        name = f"vit_{split_variant(variant)[0].lower()}{p}"
     if not isinstance(dynamic_size, bool):
         raise ValueError(f"`dynamic_size` must be True or False, got {dynamic_size!r}.")
     # Patches on their grid tell the encoder each image's grid.

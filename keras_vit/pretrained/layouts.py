@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from keras_vit.errors import CheckpointError
-from keras_vit.models.vit import VARIANTS
+from keras_vit.models.vit import variant_heads
 
 
 @dataclass
@@ -83,9 +83,9 @@ def infer_heads(hidden_dim: int, config_heads, hint=None) -> int:
         return int(config_heads)
     if hint:
         return int(hint)
-    for arch in VARIANTS.values():
-        if arch["hidden_dim"] == hidden_dim:
-            return arch["num_heads"]
+    table = variant_heads(hidden_dim)
+    if table:
+        return table
     # timm, DeiT and the paper use 64-wide heads for every size; the
     # tensors cannot tell, so say that this is a guess.
     guess = max(hidden_dim // 64, 1)

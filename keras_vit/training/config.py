@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 
 from keras_vit.hardware import PRECISIONS
-from keras_vit.models.preprocessing import RESIZE_METHODS
-from keras_vit.models.vit import ARCHITECTURE_KEYS
+from keras_vit.models.preprocessing import DEFAULT_MEAN, DEFAULT_STD, RESIZE_METHODS
+from keras_vit.models.vit import ARCHITECTURE_KEYS, parse_variant, split_variant
 from keras_vit.training.overrides import dotted_keys, replace_dotted
 
 MODEL_KINDS = ("vit", "hybrid", "cnn")
@@ -41,11 +41,13 @@ class DataConfig:
     tfds_data_dir: str = ""
     num_classes: int = 0  # 0: from the source
     num_channels: int = 3
-    mean: tuple[float, ...] = (0.5,)
-    std: tuple[float, ...] = (0.5,)
+    mean: tuple[float, ...] = DEFAULT_MEAN
+    std: tuple[float, ...] = DEFAULT_STD
     pixel_scale: float = 255.0
     resize_method: str = "bilinear"
-    eval_crop: float = 1.0  # center crop fraction at eval (0.875: 256 -> 224)
+    # Centre crop at evaluation (0.875: 256 -> 224), recorded as the
+    # preprocessing's crop_fraction so that predict and the export apply it.
+    eval_crop: float = 1.0
     shuffle_buffer: int = 10_000  # record streams only
     on_error: str = "raise"  # or "skip": drop undecodable images and count them
     synthetic_size: int = 512
@@ -105,6 +107,21 @@ class ModelConfig:
     stem: tuple = ()
     stem_width: int = 0
     cnn_widths: tuple = (32, 64, 128)
+
+    def architecture_overrides(self) -> dict:
+        """The `ARCHITECTURE_KEYS` this config sets (0 keeps the variant's
+        value): what `ViT`, `HybridViT` and the FLOP counter take."""
+        return {key: getattr(self, key) or None for key in ARCHITECTURE_KEYS}
+
+    def architecture(self) -> dict:
+        """The whole architecture, `ARCHITECTURE_KEYS` -> int: the variant's
+        table entry (`keras_vit.models.vit.parse_variant`) with this config's
+        overrides. A variant without a patch size (a hybrid's `"Ti"`) reads
+        as patch 16, the stride of the default stem."""
+        overrides = self.architecture_overrides()
+        if overrides["patch_size"] is None and split_variant(self.variant)[1] is None:
+            overrides["patch_size"] = 16
+        return parse_variant(self.variant, **overrides)
 
 
 @dataclass

@@ -28,7 +28,11 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.models.preprocessing import normalize_pixels, preprocessing_dict
+from keras_vit.models.preprocessing import (
+    normalize_pixels,
+    resize_pixels,
+    resolve_preprocessing,
+)
 from keras_vit.models.vit import image_hw
 from keras_vit.training.augment import Augmenter
 from keras_vit.training.config import DataConfig, validate_data_config
@@ -45,15 +49,19 @@ from keras_vit.training.sources import (
 
 
 def preprocessing(config: DataConfig, image_size) -> dict:
-    """The input constants a served model needs: model input is
-    `(pixels / pixel_scale - mean) / std` at `image_size`."""
-    return preprocessing_dict(
+    """The run's preprocessing contract (`resolve_preprocessing`): what
+    training-time evaluation applies and what the model's metadata records,
+    the centre crop (`eval_crop`) included."""
+    return resolve_preprocessing(
+        {
+            "mean": config.mean,
+            "std": config.std,
+            "pixel_scale": config.pixel_scale,
+            "resize_method": config.resize_method,
+            "crop_fraction": config.eval_crop,
+        },
         image_size,
         config.num_channels,
-        config.mean,
-        config.std,
-        config.pixel_scale,
-        config.resize_method,
     )
 
 
@@ -215,24 +223,19 @@ def make_eval_dataset(
     config_data: DataConfig, image_size, batch_size: int, max_batches: int | None = None
 ) -> tf.data.Dataset:
     """The held-out split once, in a fixed order: `(images, one_hot_labels)`
-    batches (the last one may be smaller), resized and center-cropped by
-    `eval_crop`, without augmentation."""
+    batches (the last one may be smaller), without augmentation, prepared
+    by the run's preprocessing contract (`preprocessing`): resized, centre
+    cropped by `eval_crop`, normalised, as `predict` and the export do."""
     height, width = image_hw(image_size)
     source = _source(config_data, (height, width), train=False)
     num_classes = len(source.class_names)
-    crop = config_data.eval_crop
+    contract = preprocessing(config_data, (height, width))
 
     def prepare(element):
         image, label, ok = _fetch(source, element)
-        if crop < 1.0:
-            resized = (round(height / crop), round(width / crop))
-            image = tf.image.resize(image, resized, method=config_data.resize_method)
-            image = tf.image.resize_with_crop_or_pad(image, height, width)
-        else:
-            image = tf.image.resize(
-                image, (height, width), method=config_data.resize_method
-            )
-        image = _normalise(config_data, image)
+        image = resize_pixels(tf.cast(image, tf.float32)[None], contract)[0]
+        image = tf.ensure_shape(image, (height, width, config_data.num_channels))
+        image = normalize_pixels(image, contract)
         return image, tf.one_hot(label, num_classes), ok
 
     if source.load is not None:

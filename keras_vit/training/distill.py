@@ -26,7 +26,9 @@ import numpy as np
 from keras import ops
 
 from keras_vit.files import write_atomic
+from keras_vit.models.preprocessing import pixel_affine, resolve_preprocessing
 from keras_vit.models.vit import distillation_heads
+from keras_vit.training import data as data_lib
 from keras_vit.training.config import TrainConfig
 
 KINDS = ("hard", "soft")
@@ -190,22 +192,27 @@ def load_teacher(config: TrainConfig, image_size) -> keras.Model:
 
 
 def _teacher_affine(config: TrainConfig, teacher_path: str, channels: int):
+    """`(scale, shift)` from the student's input to the teacher's: the
+    student's pixels undone and renormalised as the teacher's metadata (or
+    `distill.teacher_mean / teacher_std`) says."""
     data, distill = config.data, config.distill
     found = _metadata_preprocessing(Path(teacher_path))
-    mean = distill.teacher_mean or found.get("mean") or data.mean
-    std = distill.teacher_std or found.get("std") or data.std
-    scale = float(found.get("pixel_scale", data.pixel_scale))
-
-    def per_channel(values):
-        values = np.asarray(values, "float32").reshape(-1)
-        return np.broadcast_to(values, (channels,)) if values.size == 1 else values
-
-    s_mean, s_std = per_channel(data.mean), per_channel(data.std)
-    t_mean, t_std = per_channel(mean), per_channel(std)
-    # pixels = (x * s_std + s_mean) * data.pixel_scale; teacher input is
-    # (pixels / scale - t_mean) / t_std, an affine map of x.
-    ratio = data.pixel_scale / scale
-    return ratio * s_std / t_std, (ratio * s_mean - t_mean) / t_std
+    student = data_lib.preprocessing(data, (1, 1))
+    teacher = resolve_preprocessing(
+        {
+            "mean": distill.teacher_mean or found.get("mean") or data.mean,
+            "std": distill.teacher_std or found.get("std") or data.std,
+            "pixel_scale": found.get("pixel_scale", data.pixel_scale),
+        },
+        (1, 1),
+        channels,
+    )
+    # The student sees pixels * a_s + b_s, the teacher pixels * a_t + b_t (the
+    # same raw pixels, each in its own pixel_scale): an affine map of x.
+    a_s, b_s = pixel_affine(student)
+    a_t, b_t = pixel_affine(teacher)
+    ratio = a_t * (teacher["pixel_scale"] / student["pixel_scale"]) / a_s
+    return ratio, b_t - b_s * ratio
 
 
 def wrap(model: keras.Model, config: TrainConfig) -> keras.Model:

@@ -9,6 +9,7 @@ import keras
 
 from keras_vit.models.cnn import SmallCNN
 from keras_vit.models.hybrid import HybridViT
+from keras_vit.models.vit import split_variant
 from keras_vit.training.config import TrainConfig
 
 
@@ -32,8 +33,11 @@ def build_kind(config: TrainConfig, num_classes: int, image_size: int) -> keras.
             dropout_rate=m.dropout_rate,
         )
     stem_width = m.stem_width or 64
+    # The stem sets the patches: the variant's size and the other overrides.
+    overrides = m.architecture_overrides()
+    del overrides["patch_size"]
     return HybridViT(
-        m.variant.partition("/")[0],
+        split_variant(m.variant)[0],
         image_size,
         num_classes,
         stem=tuple(m.stem) or "R50",
@@ -41,10 +45,7 @@ def build_kind(config: TrainConfig, num_classes: int, image_size: int) -> keras.
         # GroupNorm's 32 groups need 32 channels; a narrow stem gets fewer.
         norm_groups=min(32, stem_width),
         num_channels=config.data.num_channels,
-        hidden_dim=m.hidden_dim or None,
-        num_layers=m.num_layers or None,
-        num_heads=m.num_heads or None,
-        mlp_dim=m.mlp_dim or None,
+        **overrides,
         pooling=m.pooling,
         dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate,

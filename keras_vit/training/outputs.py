@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from keras_vit.files import write_atomic
+from keras_vit.models.preprocessing import denormalize_pixels
 from keras_vit.training import data as data_lib
 from keras_vit.training import qat as qat_lib
 from keras_vit.training import run_folder
@@ -68,9 +69,8 @@ def _raw_pixels(data: DataConfig, dataset, limit: int) -> np.ndarray:
         count += len(batches[-1])
         if count >= limit:
             break
-    mean = np.asarray(data.mean, "float32")
-    std = np.asarray(data.std, "float32")
-    return (np.concatenate(batches)[:limit] * std + mean) * data.pixel_scale
+    contract = data_lib.preprocessing(data, batches[0].shape[1:3])
+    return np.asarray(denormalize_pixels(np.concatenate(batches)[:limit], contract))
 
 
 def run_export_settings(run_dir: Path) -> dict:

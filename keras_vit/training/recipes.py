@@ -14,7 +14,6 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-from keras_vit.models.vit import VARIANTS
 from keras_vit.training.config import TrainConfig, override, validate
 from keras_vit.training.overrides import key_table, parse_overrides
 
@@ -24,7 +23,8 @@ def smoke_version(config: TrainConfig) -> TrainConfig:
     evaluation capped at two batches, a resize (if any) after step 1, no
     export, at most 8 images a batch, images of at most ~32x32 and at most
     two transformer blocks (width and heads are kept)."""
-    patch = config.model.patch_size or int(config.model.variant.partition("/")[2] or 16)
+    arch = config.model.architecture()
+    patch = arch["patch_size"]
 
     def small(size):
         return size if size <= 32 else max(patch, 32 // patch * patch)
@@ -48,13 +48,7 @@ def smoke_version(config: TrainConfig) -> TrainConfig:
             config.model,
             image_size=small(config.model.image_size),
             resize_at=resize,
-            num_layers=min(
-                config.model.num_layers
-                or VARIANTS.get(config.model.variant.partition("/")[0], {}).get(
-                    "num_layers", 2
-                ),
-                2,
-            ),
+            num_layers=min(arch["num_layers"], 2),
         ),
         optim=dataclasses.replace(
             config.optim,

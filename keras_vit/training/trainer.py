@@ -20,7 +20,7 @@ from keras_vit.hardware import choose_settings
 from keras_vit.hardware import describe as describe_hardware
 from keras_vit.models.lora import enable_lora, merge_lora, restart_lora_adapters
 from keras_vit.models.resolution import with_image_size
-from keras_vit.models.vit import ARCHITECTURE_KEYS, HEAD_LAYERS, ViT
+from keras_vit.models.vit import HEAD_LAYERS, ViT
 from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import data as data_lib
 from keras_vit.training import distill as distill_lib
@@ -48,8 +48,9 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
     if m.kind != "vit":
         return build_kind(config, num_classes, image_size or m.image_size)
     options = {
-        key: getattr(m, key) or None
-        for key in (*ARCHITECTURE_KEYS, "representation_size", "layer_scale_init")
+        **m.architecture_overrides(),
+        "representation_size": m.representation_size or None,
+        "layer_scale_init": m.layer_scale_init or None,
     }
     model = ViT(
         m.variant,
@@ -186,13 +187,12 @@ def resolve_settings(config: TrainConfig) -> tuple[TrainConfig, dict]:
     """`config` with "auto" precision / jit_compile replaced by this machine's
     choice (keras_vit.hardware.choose_settings), and the record of it."""
     m = config.model
-    overrides = {key: getattr(m, key) or None for key in ARCHITECTURE_KEYS}
     macs = vit_macs(
         m.variant,
         m.image_size,
         10,
         num_channels=config.data.num_channels,
-        **overrides,
+        **m.architecture_overrides(),
     )
     settings = choose_settings(macs, config.precision, config.jit_compile)
     settings["macs_per_image"] = int(macs)
