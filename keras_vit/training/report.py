@@ -69,27 +69,28 @@ def run_summary(
     paths = metadata.get("paths", {})
     model = paths.get("model", str(run_dir / "model.keras"))
     name = metadata.get("name", "model")
-    lines = [
-        f"{name}: done, held-out accuracy {metadata['accuracy']:.4f}. It made:",
-        f"  {model:<36} the trained model",
-        f"  {str(run_dir / 'metadata.json'):<36} accuracy, labels, preprocessing",
+    made = [
+        (model, "the trained model"),
+        (str(run_dir / "metadata.json"), "accuracy, labels, preprocessing"),
     ]
     if paths.get("history"):
-        lines.append(f"  {paths['history']:<36} loss and accuracy per interval")
+        made.append((paths["history"], "loss and accuracy per interval"))
     if paths.get("curves"):
-        lines.append(f"  {paths['curves']:<36} the same, drawn")
+        made.append((paths["curves"], "the same, drawn"))
     export = metadata.get("export")
     exported = isinstance(export, dict) and export.get("files")
     root = Path(export_root)
     if exported:
-        version = export.get("version")
-        lines.append(
-            f"  {str(root / export['name'] / str(version)):<36} SavedModel for "
-            "TF Serving"
-        )
-        for file in export["files"]:
-            if file.endswith(".tflite"):
-                lines.append(f"  {str(root / file):<36} TFLite")
+        version = str(export.get("version"))
+        made.append((str(root / export["name"] / version), "SavedModel (TF Serving)"))
+        made += [
+            (str(root / file), "TFLite")
+            for file in export["files"]
+            if file.endswith(".tflite")
+        ]
+    width = max(len(path) for path, _ in made) + 2
+    lines = [f"{name}: done, held-out accuracy {metadata['accuracy']:.4f}. It made:"]
+    lines += [f"  {path:<{width}}{what}" for path, what in made]
     lines.append("Next:")
     lines.append(f"  keras-vit evaluate {_quote(model)}{_data_flags(data)}")
     lines.append(f"  keras-vit visualize {_quote(model)} {IMAGE}")
