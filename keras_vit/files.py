@@ -138,19 +138,23 @@ def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
 
 
 def check_path_text(path: str | os.PathLike, what: str) -> Path:
-    """`path` if TensorFlow and TF Serving can write and read it: no glob
-    characters (`[ ] * ? { }`: TensorFlow's file functions glob some paths
-    they are given, so an export under such a name fails after all its
-    work), no backslash, no control character. Checked on the absolute
-    path, so a parent folder of a relative path counts too. ValueError
-    naming the character and what to do."""
+    """`path` if TensorFlow can write and read back a SavedModel under it.
+
+    TensorFlow finds a SavedModel's variables by a glob pattern built from
+    its path: with `[1]` in the path the load fails ("Failed to find any
+    matching files", measured with TF 2.21), after all of an export's work;
+    a backslash fails the same way; `*` and `?` load, but would also match
+    other folders' files. Those characters and control characters are
+    refused, on the absolute path (a parent folder counts too), with a
+    ValueError naming the character and what to do."""
     text = str(Path(path).absolute())
-    bad = sorted({c for c in text if c in "[]*?{}\\" or ord(c) < 32 or ord(c) == 127})
+    bad = sorted({c for c in text if c in "[]*?\\" or ord(c) < 32 or ord(c) == 127})
     if bad:
         raise ValueError(
             f"{what} {str(path)!r} contains {''.join(bad)!r} (in {text!r}); "
-            "TensorFlow treats [ ] * ? { } as patterns and cannot write such a "
-            "path: choose a name and folder without them."
+            "TensorFlow reads a SavedModel's path as a glob pattern, where "
+            "[ ] * ? \\ do not stand for themselves: choose a name and folder "
+            "without them."
         )
     return Path(path)
 

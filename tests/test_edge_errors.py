@@ -31,9 +31,9 @@ from test_training import tiny
 def get_config():
     return tiny(Path({tmp!r}), total_steps=4)
 """
-# Characters TensorFlow's file functions read as glob patterns, and others a
-# SavedModel path cannot hold.
-BAD_CHARACTERS = ["[", "]", "*", "?", "{", "\\", "\n"]
+# Characters TensorFlow's SavedModel loader reads as glob patterns, and a
+# control character.
+BAD_CHARACTERS = ["[", "]", "*", "?", "\\", "\n"]
 
 
 def one_line(capsys) -> str:
