@@ -27,9 +27,14 @@ class RunLockedError(RunFolderError):
     """Another live process trains in the same run folder."""
 
 
+class NonFiniteLossError(RuntimeError):
+    """The loss (or a weight) became NaN or infinite; nothing was saved."""
+
+
 __all__ = [
     "CheckpointError",
     "ConfigChangedError",
+    "NonFiniteLossError",
     "RunFolderError",
     "RunLockedError",
     "UnsafeCheckpointError",

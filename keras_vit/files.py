@@ -9,10 +9,13 @@ file that the next writer ignores.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -57,20 +60,47 @@ def write_atomic(target: str | os.PathLike, write: Callable[[Path], object]) -> 
 
     The temporary file is removed whatever `write` raises.
     """
-    target = Path(target)
+    temp = stage(target, write)
+    try:
+        os.replace(temp, target)
+    finally:
+        discard(temp)
+    fsync_dir(Path(target).parent)
+    return Path(target)
+
+
+def stage(target: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """The first half of `write_atomic`: `write(temp_path)` beside `target`,
+    synced; returns the temporary path (removed if `write` raises). Stage
+    every file of a set, then `publish` them: a failure while writing (a
+    full disk) then publishes none."""
     temp = temporary_name(target)
     try:
         write(temp)
         if temp.is_file():
             fsync_file(temp)
+    except BaseException:
+        discard(temp)
+        raise
+    return temp
+
+
+def publish(staged: list[tuple[Path, Path]]) -> None:
+    """Renames each staged `(temp, target)` over its target (renames do not
+    fail for want of space) and syncs their folders."""
+    for temp, target in staged:
         os.replace(temp, target)
-    finally:
-        if temp.is_dir():
-            shutil.rmtree(temp, ignore_errors=True)
-        elif temp.exists():
-            temp.unlink()
-    fsync_dir(target.parent)
-    return target
+    for folder in {Path(target).parent for _, target in staged}:
+        fsync_dir(folder)
+
+
+def discard(temp: Path) -> None:
+    """Removes a staged temporary file or folder, if it is still there."""
+    temp = Path(temp)
+    if temp.is_dir():
+        shutil.rmtree(temp, ignore_errors=True)
+    elif temp.exists():
+        temp.unlink()
 
 
 def write_json_atomic(target: str | os.PathLike, data, indent: int = 1) -> Path:
@@ -82,10 +112,62 @@ def write_bytes_atomic(target: str | os.PathLike, content: bytes) -> Path:
     return write_atomic(target, lambda path: path.write_bytes(content))
 
 
+@contextlib.contextmanager
+def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
+    """Holds Ctrl-C (SIGINT) and SIGTERM for the block: a short publication
+    step (a few renames, one file) completes whole, and a signal that arrived
+    meanwhile is delivered, to the handler that was in place, when the block
+    ends. Outside the main thread (where Python cannot set handlers) the
+    block runs unguarded. SIGKILL cannot be held: the atomic writes make
+    each file whole, not the set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = {}
+    for signum in signums:
+        old = signal.signal(signum, lambda number, frame: received.append(number))
+        previous[signum] = signal.SIG_DFL if old is None else old
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if received:
+            signal.raise_signal(received[0])
+
+
+def check_path_text(path: str | os.PathLike, what: str) -> Path:
+    """`path` if TensorFlow can write and read back a SavedModel under it.
+
+    TensorFlow finds a SavedModel's variables by a glob pattern built from
+    its path: with `[1]` in the path the load fails ("Failed to find any
+    matching files", measured with TF 2.21), after all of an export's work;
+    a backslash fails the same way; `*` and `?` load, but would also match
+    other folders' files. Those characters and control characters are
+    refused, on the absolute path (a parent folder counts too), with a
+    ValueError naming the character and what to do."""
+    text = str(Path(path).absolute())
+    bad = sorted({c for c in text if c in "[]*?\\" or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ValueError(
+            f"{what} {str(path)!r} contains {''.join(bad)!r} (in {text!r}); "
+            "TensorFlow reads a SavedModel's path as a glob pattern, where "
+            "[ ] * ? \\ do not stand for themselves: choose a name and folder "
+            "without them."
+        )
+    return Path(path)
+
+
 __all__ = [
+    "check_path_text",
+    "discard",
     "fsync_dir",
     "fsync_file",
+    "publish",
     "sha256",
+    "signals_held",
+    "stage",
     "temporary_name",
     "write_atomic",
     "write_bytes_atomic",

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import errno
 import json
 import re
 from pathlib import Path
+
+from keras_vit.errors import NonFiniteLossError
 
 REPO = Path(__file__).resolve().parents[2]
 # Subcommands whose options belong to the code they run, passed through as is.
@@ -63,17 +66,41 @@ def missing_package_line(error: BaseException) -> str | None:
     return text if "pip install" in text else None
 
 
+# A run that cannot go on, for a reason its own message explains (where the
+# last good checkpoint is): one line too.
+RUN_ERRORS = (NonFiniteLossError,)
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _no_space_line(error: BaseException) -> str | None:
+    """The disk-full line: an OSError with ENOSPC / EDQUOT, or the same
+    condition as h5py and TensorFlow word it."""
+    text = str(error)
+    if isinstance(error, OSError) and error.errno in _NO_SPACE:
+        where = f" writing {error.filename}" if error.filename else ""
+    elif "No space left on device" in text or "Disk quota exceeded" in text:
+        found = re.search(r"name = '([^']+)'|filename = '([^']+)'", text)
+        where = f" writing {next(g for g in found.groups() if g)}" if found else ""
+    else:
+        return None
+    return (
+        f"no space left on the device{where}; free space or write to another "
+        "folder. Files already written are whole (written atomically); a "
+        "training run resumes from its last checkpoint when rerun."
+    )
+
+
 def user_error_line(error: BaseException) -> str | None:
     """The one line to print for an error the user caused (a missing optional
-    package included), or None for an unexpected error (which keeps its
-    traceback)."""
+    package and a full disk included), or None for an unexpected error (which
+    keeps its traceback)."""
+    no_space = _no_space_line(error)
+    if no_space is not None:
+        return no_space
+    if isinstance(error, USER_ERRORS + RUN_ERRORS):
+        return _one_line(str(error)) or type(error).__name__
     import sys
 
-    checkpoints = sys.modules.get("keras_vit.training.checkpoints")
-    if isinstance(error, USER_ERRORS) or (
-        checkpoints and isinstance(error, checkpoints.NonFiniteLossError)
-    ):
-        return _one_line(str(error)) or type(error).__name__
     missing = missing_package_line(error)
     if missing:
         return missing
@@ -110,6 +137,22 @@ def finite_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def image_size(text: str) -> int:
+    """argparse type: an image side in [1, MAX_IMAGE_SIZE] pixels."""
+    from keras_vit.models.vit import MAX_IMAGE_SIZE
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= MAX_IMAGE_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{value} is outside [1, {MAX_IMAGE_SIZE}] pixels (attention memory "
+            "grows with the fourth power of the side)"
+        )
     return value
 
 

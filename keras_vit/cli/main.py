@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import signal
 import sys
+import threading
 
 from keras_vit.cli.commands import (
     cmd_bench,
@@ -22,8 +25,18 @@ from keras_vit.cli.common import (
     Parser,
     UsageError,
     finite_float,
+    image_size,
     user_error_line,
 )
+
+# What an interrupted command tells the user, by command; exit status is
+# 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM), as shells do.
+_AFTER_INTERRUPT = {
+    "train": "rerun the same command to resume from the last checkpoint",
+    "export": "a version is published whole or not at all; rerun to export",
+    "convert": "the output file is written whole or not at all; rerun",
+}
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,7 +195,9 @@ def _add_convert(command) -> None:
         "checkpoint", help="file, folder, Hub id or short name (e.g. vit-b16)"
     )
     convert.add_argument("output", help="the .keras file to write")
-    convert.add_argument("--image-size", type=int, help="resample to this size")
+    convert.add_argument(
+        "--image-size", type=image_size, help="resample to this size (<= 1024)"
+    )
     convert.add_argument("--num-classes", type=int, help="new zero-initialised head")
     convert.add_argument("--no-top", action="store_true", help="drop the head")
     convert.add_argument("--num-heads", type=int, help="if the checkpoint cannot tell")
@@ -229,7 +244,7 @@ def _add_info(command) -> None:
         "included; FLOPs = 2 x MACs).",
     )
     info.add_argument("model", help="a variant such as B/16, or a .keras file")
-    info.add_argument("--image-size", type=int, default=224)
+    info.add_argument("--image-size", type=image_size, default=224)
     info.add_argument("--num-classes", type=int, default=1000)
     info.add_argument("--num-channels", type=int, default=3)
     info.add_argument(
@@ -282,27 +297,70 @@ def main(argv: list[str] | None = None) -> int:
     position = next((i for i, a in enumerate(argv) if a in names), None)
     command = argv[position] if position is not None else None
     show_traceback = "--traceback" in argv[: position if position is not None else None]
+    prog = f"keras-vit {command}" if command else "keras-vit"
+    received: list[int] = []
     try:
-        if command in PASS_THROUGH:
-            args = parser.parse_args(argv[: position + 1])
-            args.options = argv[position + 1 :]
-        else:
-            args, unknown = parser.parse_known_args(argv)
-            if unknown:
-                raise UsageError(
-                    f"unrecognized arguments: {' '.join(unknown)} "
-                    f"(see keras-vit {args.command} --help)"
-                )
-        return args.run(args)
+        with _signals_raise(received):
+            status = _run(parser, argv, command, position)
     except SystemExit as exit_:  # --help
-        return exit_.code if isinstance(exit_.code, int) else 0
-    except Exception as error:
-        message = user_error_line(error)
+        status = exit_.code if isinstance(exit_.code, int) else 0
+    except BaseException as error:
+        if received:
+            # Whatever the interrupt became on its way out (TensorFlow and
+            # generators called from C++ may wrap or swallow it), it is
+            # reported as what it was.
+            return _interrupted(prog, command, received[0])
+        message = user_error_line(error) if isinstance(error, Exception) else None
         if show_traceback or message is None:
             raise
-        prog = f"keras-vit {command}" if command else "keras-vit"
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
+    if received:  # the interrupt was absorbed somewhere: still one answer
+        return _interrupted(prog, command, received[0])
+    return status
+
+
+def _run(parser, argv, command, position) -> int:
+    if command in PASS_THROUGH:
+        args = parser.parse_args(argv[: position + 1])
+        args.options = argv[position + 1 :]
+    else:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            raise UsageError(
+                f"unrecognized arguments: {' '.join(unknown)} "
+                f"(see keras-vit {args.command} --help)"
+            )
+    return args.run(args)
+
+
+@contextlib.contextmanager
+def _signals_raise(received: list[int]):
+    """Within the block, Ctrl-C and SIGTERM are recorded in `received` and
+    raise KeyboardInterrupt, so `finally` blocks clean up temporary files
+    (SIGTERM would otherwise end the process at once; a container's PID 1
+    would ignore it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, handler) for signum in _SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, signal.SIG_DFL if old is None else old)
+
+
+def _interrupted(prog: str, command: str | None, signum: int) -> int:
+    name = signal.Signals(signum).name
+    after = _AFTER_INTERRUPT.get(command, "nothing it wrote is half-written")
+    print(f"{prog}: interrupted ({name}); {after}.", file=sys.stderr)
+    return 128 + signum
 
 
 def _command_names(parser) -> set[str]:

@@ -39,7 +39,8 @@ from keras_vit.deploy.checks import PIXEL_RANGE_SLACK, SERVING_INPUT
 from keras_vit.deploy.serving import BYTES_INPUT, BYTES_SIGNATURE
 from keras_vit.deploy.signatures import Graphs, write_saved_model, write_warmup_requests
 from keras_vit.deploy.versions import claim_version, is_latest, remove_stale_partials
-from keras_vit.files import write_atomic
+from keras_vit.files import check_path_text, discard, signals_held, stage
+from keras_vit.files import publish as publish_staged
 from keras_vit.models import quantization
 from keras_vit.models.image_bytes import DEFAULT_MAX_PIXELS
 from keras_vit.models.lora import has_lora, merge_lora
@@ -52,7 +53,7 @@ from keras_vit.models.resolution import is_dynamic_size
 from keras_vit.models.vit import model_architecture
 from keras_vit.version import __version__
 
-__all__ = ["export_model"]
+__all__ = ["check_export_target", "export_model"]
 
 VERIFY_BATCH = 64
 
@@ -174,6 +175,7 @@ def export_model(
         max_pixels: the bytes signature refuses images whose header declares
             more pixels (before decoding them); recorded in the metadata.
     """
+    check_export_target(name, root)
     kinds = tflite_lib.check_kinds(tflite)
     if kinds and is_dynamic_size(model):
         raise ValueError(
@@ -201,6 +203,8 @@ def export_model(
     remove_stale_partials(model_dir)
     reference = _reference(model, graphs, verify, preprocessing)
     version, reservation = claim_version(model_dir, name, version)
+    partial = None
+    staged = []
     try:
         final = model_dir / str(version)
         metadata = _metadata(
@@ -210,28 +214,55 @@ def export_model(
             floats = _reference(float_model, graphs, verify, preprocessing)
             metadata["quantization"] = quantize
             metadata["parity"]["quantized_vs_float"] = _parity(floats, reference)
-        tflite_files = _write_version(
+        partial, tflite_files = _write_version(
             model_dir, final, metadata, model, kinds, representative, verify, reference
         )
+        if is_latest(model_dir, version):  # else a later one finished first
+            _stage_latest(staged, root, name, model, metadata, tflite_files)
+        # Every file is written; what is left is renames, which Ctrl-C and
+        # SIGTERM wait for: the version folder and the latest version's
+        # files appear together or not at all (a full disk fails above).
+        with signals_held():
+            os.rename(partial, final)
+            partial = None
+            publish_staged(staged)
+            staged.clear()
     finally:
         shutil.rmtree(reservation, ignore_errors=True)
-    if not is_latest(model_dir, version):
-        return metadata  # a later version finished first; its files stay
-    for file, content in tflite_files.items():
-        write_atomic(root / file, lambda p, c=content: p.write_bytes(c))
-    write_atomic(root / f"{name}.keras", lambda p: model.save(str(p)))
-    text = json.dumps(metadata, indent=2) + "\n"
-    write_atomic(model_dir / "metadata.json", lambda p: p.write_text(text))
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        for temp, _ in staged:
+            discard(temp)
     return metadata
 
 
-def _check_arguments(model, name, labels, top_k, version, quantize) -> list[str]:
-    """Validates what `export_model` was given; returns the labels as strings."""
+def _stage_latest(staged, root, name, model, metadata, tflite_files) -> None:
+    """Stages the files beside the versions (the `.tflite` files, the
+    `.keras` model, `metadata.json`) into `staged`, as `(temp, target)`."""
+    for file, content in tflite_files.items():
+        target = root / file
+        staged.append((stage(target, lambda p, c=content: p.write_bytes(c)), target))
+    target = root / f"{name}.keras"
+    staged.append((stage(target, lambda p: model.save(str(p))), target))
+    text = json.dumps(metadata, indent=2) + "\n"
+    target = root / name / "metadata.json"
+    staged.append((stage(target, lambda p: p.write_text(text)), target))
+
+
+def check_export_target(name, root) -> None:
+    """ValueError for an export name or root that the export could not
+    write: checked before any work, so nothing (not even a folder) is left."""
     if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
         raise ValueError(
             f"name must be a non-empty file name without '/' that does not start "
             f"with '.', got {name!r}."
         )
+    check_path_text(name, "export name")
+    check_path_text(root, "export root")
+
+
+def _check_arguments(model, name, labels, top_k, version, quantize) -> list[str]:
+    """Validates what `export_model` was given; returns the labels as strings."""
     num_classes = int(model.outputs[0].shape[-1])
     labels = [str(i) for i in range(num_classes)] if labels is None else labels
     labels = [str(label) for label in labels]
@@ -334,10 +365,11 @@ def _metadata(name, version, model, variant, labels, preprocessing, graphs, refe
 
 def _write_version(
     model_dir, final, metadata, model, kinds, representative, verify, reference
-) -> dict[str, bytes]:
-    """Writes the SavedModel version into a hidden partial folder, checks it and
-    each TFLite conversion against `reference`, then renames it to `final`.
-    Returns the TFLite files' contents, for the caller to publish."""
+) -> tuple[Path, dict[str, bytes]]:
+    """Writes the SavedModel version into a hidden partial folder and checks it
+    and each TFLite conversion against `reference`. Returns the partial
+    folder (for the caller to rename to `final`) and the TFLite files'
+    contents; the folder is removed if anything fails."""
     name, labels = metadata["name"], metadata["labels"]
     preprocessing = metadata["preprocessing"]
     partial = model_dir / f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -374,8 +406,7 @@ def _write_version(
         (partial / "assets" / "metadata.json").write_text(
             json.dumps(metadata, indent=2) + "\n"
         )
-        os.rename(partial, final)
-    finally:
-        if partial.exists():
-            shutil.rmtree(partial, ignore_errors=True)
-    return tflite_files
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return partial, tflite_files

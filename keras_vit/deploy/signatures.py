@@ -10,7 +10,9 @@ Signatures of the SavedModel:
   outside); a wrong size or channel count, or a pixel out of range, is an
   `InvalidArgumentError` that names the expected shape or range and the values
   found, never clipped. A batch of 0 images returns empty outputs. TF Serving
-  only checks dtypes, so these checks live in the graph. A dynamic-size model
+  only checks dtypes, so these checks live in the graph; the shape check has
+  a twin in builtin TFLite ops (`Graphs.builtin_shape_guard`) that survives
+  conversion, so a `.tflite` file refuses a wrong shape by itself. A dynamic-size model
   (`ViT(dynamic_size=True)`) takes `(batch, H, W, C)` of any H and W that are
   multiples of its patch size (or stem stride): the check names the multiple.
 - `classify_images`: `images` string `(batch,)` of encoded JPEG or PNG files of

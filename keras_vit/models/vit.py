@@ -23,6 +23,12 @@ VARIANTS = {
 ARCHITECTURE_KEYS = ("patch_size", "hidden_dim", "num_layers", "num_heads", "mlp_dim")
 # The classification heads' layer names (`build_transformer`).
 HEAD_LAYERS = ("head", "head_dist")
+# The largest image side the config and the CLI accept. Attention memory
+# grows with the fourth power of the side: at 1024 px and patch 16 a model
+# holds 4,096 tokens, and each head's scores are 64 MiB per image in float32;
+# at 4096 px the same head needs 16 GiB. Published ViT classifiers stop at
+# 518-560 px. The Python builders take any size, on purpose.
+MAX_IMAGE_SIZE = 1024
 
 
 def variant_heads(hidden_dim: int) -> int | None:

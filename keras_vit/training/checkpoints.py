@@ -47,16 +47,12 @@ import h5py
 import keras
 import numpy as np
 
-from keras_vit.errors import CheckpointError
+from keras_vit.errors import CheckpointError, NonFiniteLossError
 from keras_vit.files import sha256, write_atomic, write_json_atomic
 from keras_vit.training.distribute import is_chief
 
 MANIFEST = "checkpoints.json"
 _NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss (or a weight) became NaN or infinite; nothing was saved."""
 
 
 def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:

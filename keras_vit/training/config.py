@@ -12,9 +12,15 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from keras_vit.files import check_path_text
 from keras_vit.hardware import PRECISIONS
 from keras_vit.models.preprocessing import DEFAULT_MEAN, DEFAULT_STD, RESIZE_METHODS
-from keras_vit.models.vit import ARCHITECTURE_KEYS, parse_variant, split_variant
+from keras_vit.models.vit import (
+    ARCHITECTURE_KEYS,
+    MAX_IMAGE_SIZE,
+    parse_variant,
+    split_variant,
+)
 from keras_vit.training.overrides import dotted_keys, replace_dotted
 
 MODEL_KINDS = ("vit", "hybrid", "cnn")
@@ -236,6 +242,10 @@ def validate(config: TrainConfig) -> TrainConfig:
     _validate_distill(config.distill)
     if config.qat not in (True, False):
         raise ValueError(f"qat must be true or false, got {config.qat!r}.")
+    if config.export_name:
+        # Checked before training, so a name the export cannot write is not
+        # found out after the whole run.
+        _validate_export_target(config.export_name, config.export_root)
     if config.qat and config.distill.teacher:
         raise ValueError(
             "qat does not combine with a teacher; got distill.teacher "
@@ -268,9 +278,9 @@ def _validate_run(config: TrainConfig) -> None:
 
 
 def _validate_model(model: ModelConfig) -> None:
-    for key in ("image_size", *ARCHITECTURE_KEYS, "representation_size", "lora_rank"):
-        low = 1 if key == "image_size" else 0
-        _check(f"model.{key}", getattr(model, key), low, None, int)
+    _check("model.image_size", model.image_size, 1, MAX_IMAGE_SIZE, int)
+    for key in (*ARCHITECTURE_KEYS, "representation_size", "lora_rank"):
+        _check(f"model.{key}", getattr(model, key), 0, None, int)
     for key in ("dropout_rate", "attention_dropout_rate", "drop_path_rate"):
         _check(f"model.{key}", getattr(model, key), 0.0, 0.99)
     _check("model.layer_scale_init", model.layer_scale_init, 0.0)
@@ -344,7 +354,8 @@ def _validate_schedule(config: TrainConfig) -> None:
                 "model.resize_at must be ((step, image_size), ...) of ints, "
                 f"got {resize_at!r}."
             )
-        step, _ = stage
+        step, size = stage
+        _check("model.resize_at image_size", size, 1, MAX_IMAGE_SIZE, int)
         if not previous < step < config.total_steps or step % config.checkpoint_every:
             raise ValueError(
                 f"model.resize_at steps must increase, lie in (0, total_steps="
@@ -352,6 +363,16 @@ def _validate_schedule(config: TrainConfig) -> None:
                 f"{config.checkpoint_every}; got {step!r} in {resize_at!r}."
             )
         previous = step
+
+
+def _validate_export_target(name, root) -> None:
+    if not isinstance(name, str) or "/" in name or name.startswith("."):
+        raise ValueError(
+            f"export_name must be a file name without '/' that does not start "
+            f"with '.', got {name!r}."
+        )
+    check_path_text(name, "export_name")
+    check_path_text(root, "export_root")
 
 
 def _validate_distill(distill: DistillConfig) -> None:

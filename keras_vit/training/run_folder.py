@@ -38,10 +38,10 @@ FINGERPRINT_FILE = "fingerprint.json"
 HISTORY_FILE = "history.csv"
 
 # Keys that may change between the runs of one folder: where things go, what
-# is printed, and how long the run is. `total_steps` extends a finished run
-# (the cosine schedule is then spread over the new length from the resume
-# on); `jit_compile` changes rounding only; evaluation and checkpoint cadence
-# do not touch the weights.
+# is printed, how the finished model is exported, and how long the run is.
+# `total_steps` extends a finished run (the cosine schedule is then spread
+# over the new length from the resume on); `jit_compile` changes rounding
+# only; evaluation and checkpoint cadence do not touch the weights.
 FREE_KEYS = frozenset(
     {
         "name",
@@ -50,6 +50,7 @@ FREE_KEYS = frozenset(
         "smoke",
         "export_name",
         "export_root",
+        "export_quantize",
         "eval_every",
         "eval_batch_size",
         "checkpoint_every",
