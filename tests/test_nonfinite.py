@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from keras_vit.analysis import evaluation
 from keras_vit.cli.main import main as cli_main
 from keras_vit.errors import CheckpointError
-from keras_vit.pretrained import convert_checkpoint
+from keras_vit.pretrained.convert import convert_checkpoint
 from keras_vit.training import data as data_lib
 from keras_vit.training.config import DataConfig
 
