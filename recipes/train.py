@@ -6,6 +6,7 @@ file. Every config key can be overridden, e.g.
     python recipes/train.py digits --optim.learning_rate 1e-3 --set batch_size=128
     python recipes/train.py digits --smoke       # a two-step run
     python recipes/train.py digits --keys        # every key, its type and value
+    python recipes/train.py mnist5k_deit --train-teacher  # its CNN teacher first
 
 Progress: Keras' progress bar in a terminal, one line per epoch otherwise
 (`--verbose 0|1|2` chooses). TensorFlow's native INFO and WARNING lines are
@@ -41,8 +42,13 @@ def main(argv: list[str]) -> int:
         if keys is not None:
             print("\n".join(keys))
             return 0
+        train_teacher = "--train-teacher" in overrides
+        overrides = [o for o in overrides if o != "--train-teacher"]
         config = load_recipe(recipe, progress_verbosity(parse_overrides(overrides)))
+        from keras_vit.training.teachers import prepare_teacher
         from keras_vit.training.trainer import train
+
+        config = prepare_teacher(config, train_missing=train_teacher)
 
         metadata = train(config)
     except Exception as error:

@@ -38,10 +38,13 @@ def cmd_train(args) -> int:
     recipe = "digits"
     if options and not options[0].startswith("--"):
         recipe, options = options[0], options[1:]
-    from keras_vit.training import report
+    train_teacher = "--train-teacher" in options
+    options = [o for o in options if o != "--train-teacher"]
+    from keras_vit.training import report, teachers
 
     overrides = report.progress_verbosity(train_config.parse_overrides(options))
     config = recipes.load_recipe(recipe, overrides)
+    config = teachers.prepare_teacher(config, train_missing=train_teacher)
     from keras_vit.training import trainer as training
 
     metadata = training.train(config)
@@ -64,6 +67,9 @@ recipes: {recipes} (default: digits)
   --smoke          a two-step run of the recipe
   --keys           list every config key that can be overridden, with its type
                    and its value in the recipe (other overrides applied)
+  --train-teacher  a distillation recipe whose teacher file is missing trains
+                   the teacher's recipe (distill.teacher_recipe) first, into
+                   its own run folder, and says so
   --key value      override one key, e.g. --optim.learning_rate 1e-3
   --set key=value  the same, e.g. --set batch_size=128
 """

@@ -29,6 +29,9 @@ def get_config():
         model=dataclasses.replace(config.model, distilled=True),
         optim=dataclasses.replace(config.optim, warmup_steps=30),
         distill=DistillConfig(
-            teacher="runs/digits_cnn/model.keras", kind="hard", weight=0.5
+            teacher="runs/digits_cnn/model.keras",
+            teacher_recipe="digits_cnn",
+            kind="hard",
+            weight=0.5,
         ),
     )
