@@ -356,9 +356,9 @@ def _seconds(row: dict) -> str:
 
 def table(report: dict) -> str:
     """The markdown table of one data set's report."""
+    where = ", ".join(v for v in (report.get("cpu"), report["machine"]) if v)
     lines = [
-        f"**{report['dataset']}** ({report['split']}; measured on "
-        f"{report.get('cpu') or report['machine']}, {report['machine']})",
+        f"**{report['dataset']}** ({report['split']}; measured on {where})",
         "",
         "| model | recipe | held-out accuracy, mean | min | seeds "
         "| parameters (SVC, kNN: stored numbers) | MACs / image "

@@ -32,6 +32,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
+    train_teacher = "--train-teacher" in argv
+    argv = [a for a in argv if a != "--train-teacher"]
     recipe, overrides = "digits", argv
     if argv and not argv[0].startswith("--"):
         recipe, overrides = argv[0], argv[1:]
@@ -42,8 +44,6 @@ def main(argv: list[str]) -> int:
         if keys is not None:
             print("\n".join(keys))
             return 0
-        train_teacher = "--train-teacher" in overrides
-        overrides = [o for o in overrides if o != "--train-teacher"]
         config = load_recipe(recipe, progress_verbosity(parse_overrides(overrides)))
         from keras_vit.training.teachers import prepare_teacher
         from keras_vit.training.trainer import train

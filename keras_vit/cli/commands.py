@@ -31,6 +31,8 @@ def cmd_train(args) -> int:
     if options[:1] in (["-h"], ["--help"]):
         print(TRAIN_HELP.format(recipes=", ".join(recipes.recipe_names())))
         return 0
+    train_teacher = "--train-teacher" in options
+    options = [o for o in options if o != "--train-teacher"]
     keys = recipes.keys_request(options)
     if keys is not None:
         print("\n".join(keys))
@@ -38,8 +40,6 @@ def cmd_train(args) -> int:
     recipe = "digits"
     if options and not options[0].startswith("--"):
         recipe, options = options[0], options[1:]
-    train_teacher = "--train-teacher" in options
-    options = [o for o in options if o != "--train-teacher"]
     from keras_vit.training import report, teachers
 
     overrides = report.progress_verbosity(train_config.parse_overrides(options))
