@@ -11,7 +11,13 @@ on the same augmented images (half the loss each, DeiT eq. 3); the model
 (and its export) predicts with the mean of both heads, DeiT's inference
 rule, and that is what the held-out accuracy measures.
 
-MEASURED
+Measured (seed 0, 1,800 steps, teacher `mnist5k_cnn` at 0.9900): 0.9470
+held out, 478 CPU-seconds (2,865 s of wall time on a 2-core machine shared
+with a dozen other jobs). It underfits: training accuracy 0.93 (augmented
+images) at the end, still rising; the distillation loss falls well below the
+class loss (0.24 vs 0.70), so the teacher is learnt, the data is not yet.
+Short of the 0.985 this recipe is meant for: more steps (the loss was still
+falling) or a lighter regularisation are the next things to measure.
 """
 
 import dataclasses

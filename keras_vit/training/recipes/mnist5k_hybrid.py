@@ -7,7 +7,13 @@ The paper's ResNet entry (7x7 stride-2 convolution and pooling) is built for
     keras-vit train mnist5k_hybrid
     keras-vit train mnist5k_hybrid --smoke
 
-MEASURED
+Measured (seed 0, 1,200 steps): 0.9790 held out, 476 CPU-seconds (3,019 s
+of wall time on a 2-core machine shared with a dozen other jobs); 605k
+parameters, 46M MACs an image. It overfits where the CNN alone does not:
+training accuracy 0.998 (augmented images) against 0.979 held out, while
+the CNN with the same stem reaches 0.999 / 0.990. Short of the 0.988 this
+recipe is meant for; stochastic depth and a stronger augmentation are the
+next things to measure.
 """
 
 import dataclasses

@@ -5,7 +5,12 @@ its class and distillation heads.
     keras-vit train mnist5k_hybrid_deit --train-teacher
     keras-vit train mnist5k_hybrid_deit --smoke --train-teacher
 
-MEASURED
+Measured (seed 0, 1,200 steps, teacher `mnist5k_cnn` at 0.9900): 0.9790
+held out, the same as the hybrid alone, 539 CPU-seconds (3,167 s of wall
+time on a 2-core machine shared with a dozen other jobs). The teacher's
+argmax agrees with the label on almost every augmented training image, so
+hard distillation adds little here; the hybrid's gap to the CNN is
+overfitting (see `mnist5k_hybrid`).
 """
 
 import dataclasses
