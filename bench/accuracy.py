@@ -1,20 +1,23 @@
 """Held-out accuracy of keras_vit against the baselines, on the same splits.
 
-Classical models (scikit-learn SVC and kNN), a small CNN written with
-`keras.layers`, the plain ViT of the data set's recipe and a hybrid ViT with a
-small CNN stem; the Keras models are trained by the same trainer with the
-recipe's augmentation and schedule (`model.kind` picks the network), over
-several seeds. Writes `bench/results/accuracy_<dataset>.json`; `--readme`
-then rewrites the accuracy table of docs/training.md between its markers
-from every such JSON.
+Classical models (scikit-learn SVC and kNN) and every keras_vit recipe for
+the data set: its CNN teacher, the plain ViT, the DeiT student (a ViT with a
+distillation token taught by the CNN), the hybrid (a convolutional stem under
+the transformer) alone and distilled. Each Keras row is one recipe (its
+`recipe` key) run by the trainer over several seeds; the distilled rows use
+their recipe's teacher (`runs/mnist5k_cnn/model.keras`, one teacher, as in DeiT). Writes
+`bench/results/accuracy_<dataset>.json`; `--docs` then rewrites the table in
+docs/small_data.md between its markers from every such JSON.
 
-    python bench/accuracy.py --dataset digits          # ~25 CPU-minutes
     python bench/accuracy.py --dataset mnist5k
-    python bench/accuracy.py --readme                  # the docs table only
+    python bench/accuracy.py --dataset mnist5k --rows deit --seeds 0 1 2
+    python bench/accuracy.py --docs                    # the table only
     python bench/accuracy.py --quick --out quick.json  # a two-step check
 
+`--rows` reruns only those rows and keeps the others of the existing JSON.
 Training seconds are wall time on this machine, which other jobs may share;
-CPU-seconds (all threads) are recorded beside them.
+CPU-seconds (all threads) are recorded beside them, with the CPU's name and
+the load average when the run started.
 """
 
 from __future__ import annotations
@@ -36,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "bench" / "results"
-README = ROOT / "docs" / "training.md"  # its accuracy table
-TABLE_START = "<!-- accuracy table: bench/accuracy.py --readme -->"
+DOCS = ROOT / "docs" / "small_data.md"
+TABLE_START = "<!-- accuracy table: bench/accuracy.py --docs -->"
 TABLE_END = "<!-- end of accuracy table -->"
-# The recipe whose data, augmentation and schedule every Keras row uses.
+# The data set's own recipe: its data, augmentation and schedule.
 RECIPES = {"digits": "digits", "mnist5k": "mnist5k"}
 SPLITS = {
     "digits": "scikit-learn load_digits, 1,437 train / 360 held out",
@@ -90,22 +93,26 @@ def sklearn_row(estimator_name: str):
     return run
 
 
-def trainer_row(overrides: dict):
-    """A row trained by `keras_vit.training.trainer` from the data set's
-    recipe with `overrides` (e.g. `model.kind`)."""
+def trainer_row(name: str, recipes: dict, overrides: dict | None = None):
+    """Row `name`, trained by `keras_vit.training.trainer` from the data set's
+    recipe in `recipes` with `overrides`. A distillation recipe uses its own
+    teacher file, as `keras-vit train` does (relative to the working
+    directory), trained first from its teacher recipe if it is missing; a
+    quick run's teacher is a two-step one inside the run folder."""
 
     def run(dataset: str, seed: int, quick: bool, only_finished: bool):
+        from keras_vit.analysis.flops import count_macs
         from keras_vit.training import trainer
         from keras_vit.training.recipes import load_recipe
+        from keras_vit.training.teachers import prepare_teacher
 
-        run_dir = Path(os.environ.get("ACCURACY_RUNS", tempfile.mkdtemp()))
-        kind = overrides.get("model.kind", "vit")
+        recipe = recipes[dataset]
         values = {
-            **overrides,
+            **(overrides or {}),
             "seed": str(seed),
             # Quick runs apart: a resumed full run would end a 2-step one.
             "run_dir": str(
-                run_dir / dataset / f"{kind}_seed{seed}{'_quick' if quick else ''}"
+                _runs() / dataset / f"{name}_seed{seed}{'_quick' if quick else ''}"
             ),
             "export_name": "",
             "verbose": "0",
@@ -113,21 +120,44 @@ def trainer_row(overrides: dict):
         }
         if quick:
             values["smoke"] = "true"
-        config = load_recipe(RECIPES[dataset], values)
+        config = load_recipe(recipe, values)
+        if config.distill.teacher and not only_finished:
+            config = prepare_teacher(config, train_missing=True)
         metadata = _finished(config)
         if metadata is None and only_finished:
             return None
         metadata = metadata or trainer.train(config)
-        classes = len(metadata["labels"])
-        model = trainer.build_model(config, classes)
+        model = trainer.build_model(config, len(metadata["labels"]))
         return {
             "accuracy": metadata["accuracy"],
             "parameters": int(model.count_params()),
+            "macs": int(count_macs(model)),
             "train_seconds": metadata["train_seconds"],
             "train_cpu_seconds": metadata["train_cpu_seconds"],
+            "recipe": recipe,
+            **_teacher(config),
+            "overrides": {
+                k: v for k, v in values.items() if k not in ("run_dir", "verbose")
+            },
         }
 
+    run.recipes = recipes
     return run
+
+
+def _teacher(config) -> dict:
+    """The teacher file a distilled row used and its held-out accuracy."""
+    if not config.distill.teacher:
+        return {}
+    beside = Path(config.distill.teacher).parent / "metadata.json"
+    accuracy = json.loads(beside.read_text())["accuracy"] if beside.is_file() else None
+    return {"teacher": config.distill.teacher, "teacher_accuracy": accuracy}
+
+
+def _runs() -> Path:
+    if "ACCURACY_RUNS" not in os.environ:
+        os.environ["ACCURACY_RUNS"] = tempfile.mkdtemp()
+    return Path(os.environ["ACCURACY_RUNS"])
 
 
 def _finished(config) -> dict | None:
@@ -161,23 +191,94 @@ def _finished(config) -> dict | None:
 # id -> (label, kind, runner). A runner takes (dataset, seed, quick,
 # only_finished) and returns accuracy, parameters, train_seconds and
 # train_cpu_seconds (None: only_finished and no finished run). Deterministic
-# kinds run once. A distilled ViT (the compression issue) joins as one more
-# trainer row here, kind "distilled", once the trainer can distil.
+# kinds run once. Rows whose recipe a data set lacks are skipped there.
+HYBRID_R1 = {"model.kind": "hybrid", "model.stem": "(1,)", "model.stem_width": "16"}
 ROWS = {
     "svc_c10": ("SVC(C=10), pixels / 255", "svm", sklearn_row("svc_c10")),
     "svc": ("SVC() defaults", "svm", sklearn_row("svc")),
     "knn3": ("kNN (k=3)", "knn", sklearn_row("knn3")),
-    "cnn": ("small CNN (keras.layers)", "cnn", trainer_row({"model.kind": "cnn"})),
-    "vit": ("keras_vit ViT (the recipe)", "vit", trainer_row({})),
-    "hybrid": (
+    "cnn": (
+        "small CNN (keras.layers), the teacher",
+        "cnn",
+        trainer_row("cnn", {"digits": "digits_cnn", "mnist5k": "mnist5k_cnn"}),
+    ),
+    "vit": (
+        "keras_vit ViT (the data set's recipe)",
+        "vit",
+        trainer_row("vit", RECIPES),
+    ),
+    "deit": (
+        "keras_vit ViT distilled from the CNN (DeiT)",
+        "distilled",
+        trainer_row("deit", {"mnist5k": "mnist5k_deit"}),
+    ),
+    "hybrid_r1": (
         "keras_vit HybridViT, 1-stage ResNet stem",
         "hybrid",
+        trainer_row("hybrid_r1", {"digits": "digits"}, HYBRID_R1),
+    ),
+    "hybrid": (
+        "keras_vit HybridViT, conv stem for 28x28",
+        "hybrid",
+        trainer_row("hybrid", {"mnist5k": "mnist5k_hybrid"}),
+    ),
+    "hybrid_deit": (
+        "keras_vit HybridViT distilled from the CNN",
+        "distilled",
+        trainer_row("hybrid_deit", {"mnist5k": "mnist5k_hybrid_deit"}),
+    ),
+    "distill_digits": (
+        "keras_vit ViT-Ti/4 distilled from the CNN, 300 steps",
+        "distilled",
+        trainer_row("distill_digits", {"digits": "distill_digits"}),
+    ),
+    "distill_digits_alone": (
+        "the same student without a teacher, 300 steps",
+        "vit",
         trainer_row(
-            {"model.kind": "hybrid", "model.stem": "(1,)", "model.stem_width": "16"}
+            "distill_digits_alone",
+            {"digits": "distill_digits"},
+            {"distill.teacher": ""},
         ),
     ),
 }
 DETERMINISTIC = ("svm", "knn")
+
+
+def rows_for(dataset: str) -> list[str]:
+    """The rows that have a recipe for `dataset` (all classical ones do)."""
+    return [
+        key
+        for key, (_, kind, run) in ROWS.items()
+        if kind in DETERMINISTIC or dataset in run.recipes
+    ]
+
+
+def _summary(row: str, runs: list[dict], seeds: list[int]) -> dict:
+    label, kind, _ = ROWS[row]
+    accuracies = [r["accuracy"] for r in runs]
+    summary = {
+        "id": row,
+        "model": label,
+        "kind": kind,
+        "recipe": runs[0].get("recipe"),
+        "overrides": runs[0].get("overrides", {}),
+        "seeds": seeds,
+        "accuracies": accuracies,
+        "accuracy_mean": statistics.fmean(accuracies),
+        "accuracy_min": min(accuracies),
+        "parameters": runs[0]["parameters"],
+        "macs": runs[0].get("macs"),
+        "train_seconds": statistics.fmean(r["train_seconds"] for r in runs),
+        "train_seconds_max": max(r["train_seconds"] for r in runs),
+        "train_cpu_seconds": statistics.fmean(r["train_cpu_seconds"] for r in runs),
+    }
+    if "teacher" in runs[0]:
+        summary["teacher"] = runs[0]["teacher"]
+        summary["teacher_accuracy"] = runs[0]["teacher_accuracy"]
+    for key in ("seed", "export_name", "eval_every"):
+        summary["overrides"].pop(key, None)
+    return summary
 
 
 def measure(
@@ -187,6 +288,9 @@ def measure(
     rows: list[str],
     only_finished: bool = False,
 ) -> dict:
+    from keras_vit.hardware import describe
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     results = []
     for row in rows:
         label, kind, run = ROWS[row]
@@ -197,69 +301,101 @@ def measure(
             if result is not None:
                 runs.append(result)
                 done.append(seed)
-        if not runs:
-            continue
-        accuracies = [r["accuracy"] for r in runs]
-        results.append(
-            {
-                "model": label,
-                "kind": kind,
-                "seeds": done,
-                "accuracies": accuracies,
-                "accuracy_mean": statistics.fmean(accuracies),
-                "accuracy_min": min(accuracies),
-                "parameters": runs[0]["parameters"],
-                "train_seconds": statistics.fmean(r["train_seconds"] for r in runs),
-                "train_cpu_seconds": statistics.fmean(
-                    r["train_cpu_seconds"] for r in runs
-                ),
-            }
-        )
+        if runs:
+            results.append(_summary(row, runs, done))
     return {
         "dataset": dataset,
         "split": SPLITS[dataset],
         "recipe": RECIPES[dataset],
         "quick": quick,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "cpu": describe()["cpu"],
+        "load_average_at_start": load,
         "rows": results,
     }
 
 
+# Rows written before rows had ids and recipes: the data set's recipe with
+# these overrides made them.
+LEGACY = {
+    "SVC(C=10), pixels / 255": ("svc_c10", None),
+    "SVC() defaults": ("svc", None),
+    "kNN (k=3)": ("knn3", None),
+    "small CNN (keras.layers)": ("cnn", {"model.kind": "cnn"}),
+    "keras_vit ViT (the recipe)": ("vit", {}),
+    "keras_vit HybridViT, 1-stage ResNet stem": ("hybrid_r1", HYBRID_R1),
+}
+
+
+def _with_id(row: dict, previous: dict) -> dict:
+    if "id" in row or row.get("model") not in LEGACY:
+        return row
+    key, overrides = LEGACY[row["model"]]
+    recipe = previous["recipe"] if overrides is not None else None
+    return {"id": key, "recipe": recipe, "overrides": overrides or {}, **row}
+
+
+def merge(report: dict, previous: dict) -> dict:
+    """`report` with the rows of `previous` it did not rerun, in ROWS order;
+    a kept row carries the machine it was measured on."""
+    ran = {row["id"] for row in report["rows"]}
+    machine = {"machine": previous.get("machine"), "cpu": previous.get("cpu")}
+    kept = [
+        {**machine, **row}
+        for row in (_with_id(r, previous) for r in previous.get("rows", []))
+        if row.get("id") in ROWS and row["id"] not in ran
+    ]
+    order = list(ROWS)
+    rows = sorted(report["rows"] + kept, key=lambda row: order.index(row["id"]))
+    return {**report, "rows": rows}
+
+
+def _seconds(row: dict) -> str:
+    return f"{row['train_seconds']:.0f} ({row['train_cpu_seconds']:.0f})"
+
+
 def table(report: dict) -> str:
-    """The README's markdown table of one data set's report."""
+    """The markdown table of one data set's report."""
+    where = ", ".join(v for v in (report.get("cpu"), report["machine"]) if v)
     lines = [
-        f"**{report['dataset']}** ({report['split']}; recipe `{report['recipe']}`)",
+        f"**{report['dataset']}** ({report['split']}; measured on {where})",
         "",
-        "| model | held-out accuracy, mean | min | seeds "
-        "| parameters (SVC, kNN: stored numbers) | training s (CPU-s) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| model | recipe | held-out accuracy, mean | min | seeds "
+        "| parameters (SVC, kNN: stored numbers) | MACs / image "
+        "| training s, wall (CPU-s) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in report["rows"]:
+        recipe = f"`{row['recipe']}`" if row.get("recipe") else "-"
+        if row.get("overrides"):
+            recipe += " " + " ".join(
+                f"`{k}={v}`" for k, v in row["overrides"].items() if k != "smoke"
+            )
+        macs = f"{row['macs'] / 1e6:.1f}M" if row.get("macs") else "-"
         lines.append(
-            f"| {row['model']} | {row['accuracy_mean']:.4f} "
-            f"| {row['accuracy_min']:.4f} | {len(row['seeds'])} "
-            f"| {row['parameters']:,} | {row['train_seconds']:.1f} "
-            f"({row['train_cpu_seconds']:.1f}) |"
+            f"| {row['model']} | {recipe} | {row['accuracy_mean']:.4f} "
+            f"| {row['accuracy_min']:.4f} | {', '.join(map(str, row['seeds']))} "
+            f"| {row['parameters']:,} | {macs} | {_seconds(row)} |"
         )
     return "\n".join(lines)
 
 
-def readme_tables(results: Path = RESULTS) -> str:
-    """Every committed `accuracy_*.json`, as the README shows them."""
+def docs_tables(results: Path = RESULTS) -> str:
+    """Every committed `accuracy_*.json`, as docs/small_data.md shows them."""
     reports = [
         json.loads(path.read_text()) for path in sorted(results.glob("accuracy_*.json"))
     ]
     return "\n\n".join(table(r) for r in reports if not r["quick"])
 
 
-def update_readme(readme: Path = README, results: Path = RESULTS) -> None:
-    text = readme.read_text(encoding="utf-8")
+def update_docs(page: Path = DOCS, results: Path = RESULTS) -> None:
+    text = page.read_text(encoding="utf-8")
     if TABLE_START not in text or TABLE_END not in text:
-        raise ValueError(f"{readme} lacks the markers {TABLE_START!r} / {TABLE_END!r}.")
+        raise ValueError(f"{page} lacks the markers {TABLE_START!r} / {TABLE_END!r}.")
     head, _, rest = text.partition(TABLE_START)
     _, _, tail = rest.partition(TABLE_END)
-    body = readme_tables(results)
-    readme.write_text(f"{head}{TABLE_START}\n{body}\n{TABLE_END}{tail}", "utf-8")
+    body = docs_tables(results)
+    page.write_text(f"{head}{TABLE_START}\n{body}\n{TABLE_END}{tail}", "utf-8")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -269,7 +405,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--dataset", choices=sorted(RECIPES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        choices=list(ROWS),
+        help="default: every row the data "
+        "set has a recipe for; others are kept from the existing JSON",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="two training steps, one seed"
     )
@@ -280,11 +422,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, help="default bench/results/...json")
     parser.add_argument(
-        "--readme", action="store_true", help="rewrite the README table from JSON"
+        "--docs", action="store_true", help="rewrite docs/small_data.md's table"
     )
     args = parser.parse_args(argv)
-    if not args.dataset and not args.readme:
-        parser.error("give --dataset, --readme or both")
+    if not args.dataset and not args.docs:
+        parser.error("give --dataset, --docs or both")
     return args
 
 
@@ -292,14 +434,19 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dataset:
         seeds = args.seeds[:1] if args.quick else args.seeds
-        report = measure(args.dataset, seeds, args.quick, args.rows, args.only_finished)
+        rows = args.rows or rows_for(args.dataset)
+        report = measure(args.dataset, seeds, args.quick, rows, args.only_finished)
         out = args.out or RESULTS / f"accuracy_{args.dataset}.json"
+        if out.is_file() and not args.quick:
+            report = merge(report, json.loads(out.read_text()))
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        from keras_vit.files import write_bytes_atomic
+
+        write_bytes_atomic(out, (json.dumps(report, indent=2) + "\n").encode())
         print(table(report))
         print(f"wrote {out}")
-    if args.readme:
-        update_readme()
+    if args.docs:
+        update_docs()
     return 0
 
 

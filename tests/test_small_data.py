@@ -1,5 +1,6 @@
 """Small real data sets: the affine augmentation, the mnist5k source, the
-baseline model kinds and bench/accuracy.py with its README table."""
+baseline model kinds and bench/accuracy.py with its table in
+docs/small_data.md."""
 
 import importlib.util
 import json
@@ -133,11 +134,11 @@ def _bench():
     return module
 
 
-def test_readme_table_is_generated_from_the_committed_results():
+def test_docs_table_is_generated_from_the_committed_results():
     bench = _bench()
-    tables = bench.readme_tables()
+    tables = bench.docs_tables()
     assert tables, "no bench/results/accuracy_*.json"
-    text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "small_data.md").read_text(encoding="utf-8")
     start = text.index(bench.TABLE_START) + len(bench.TABLE_START)
     assert text[start : text.index(bench.TABLE_END)].strip() == tables
 
@@ -161,8 +162,18 @@ def _quick_accuracy_bench(tmp_path, out, *args):
 def test_accuracy_bench_quick_writes_every_row(tmp_path):
     proc, report = _quick_accuracy_bench(tmp_path, tmp_path / "accuracy.json")
     assert report["quick"] and report["dataset"] == "digits"
-    rows = {row["kind"]: row for row in report["rows"]}
-    assert set(rows) == {"svm", "knn", "cnn", "vit", "hybrid"}
+    rows = {row["id"]: row for row in report["rows"]}
+    assert set(rows) == set(_bench().rows_for("digits"))
+    assert {row["kind"] for row in report["rows"]} == {
+        "svm", "knn", "cnn", "vit", "hybrid", "distilled"
+    }  # fmt: skip
+    # Every Keras row names the recipe that reproduces it, the student's
+    # teacher included (a two-step one inside its quick run folder).
+    assert rows["cnn"]["recipe"] == "digits_cnn"
+    assert rows["distill_digits"]["recipe"] == "distill_digits"
+    assert rows["distill_digits"]["teacher"].endswith("teacher/model.keras")
+    assert rows["distill_digits_alone"]["overrides"]["distill.teacher"] == ""
+    assert rows["vit"]["macs"] > 0 and report["cpu"]
     # The classical rows are complete fits, not shortened by --quick: SVC
     # (C=10) on these pixels scores 0.9944 on this split (the issue's figure).
     svc = report["rows"][0]
@@ -171,13 +182,13 @@ def test_accuracy_bench_quick_writes_every_row(tmp_path):
         assert 0.0 <= row["accuracy_min"] <= row["accuracy_mean"] <= 1.0
         assert row["parameters"] > 0
         assert (tmp_path / "runs" / "digits").is_dir()
-    assert "| small CNN (keras.layers) |" in proc.stdout
+    assert "| small CNN (keras.layers), the teacher | `digits_cnn` |" in proc.stdout
     # A second call with --only-finished trains nothing: it reads the same
     # runs back from $ACCURACY_RUNS (the config stored by each run matches).
     _, again = _quick_accuracy_bench(
         tmp_path, tmp_path / "again.json", "--only-finished", "--rows", "vit", "cnn"
     )
-    collected = {row["kind"]: row for row in again["rows"]}
+    collected = {row["id"]: row for row in again["rows"]}
     for kind in ("vit", "cnn"):
         assert collected[kind]["accuracies"] == rows[kind]["accuracies"]
 

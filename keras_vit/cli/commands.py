@@ -32,6 +32,8 @@ def cmd_train(args) -> int:
     if options[:1] in (["-h"], ["--help"]):
         print(TRAIN_HELP.format(recipes=", ".join(recipes.recipe_names())))
         return 0
+    train_teacher = "--train-teacher" in options
+    options = [o for o in options if o != "--train-teacher"]
     keys = recipes.keys_request(options)
     if keys is not None:
         print("\n".join(keys))
@@ -39,10 +41,11 @@ def cmd_train(args) -> int:
     recipe = "digits"
     if options and not options[0].startswith("--"):
         recipe, options = options[0], options[1:]
-    from keras_vit.training import report
+    from keras_vit.training import report, teachers
 
     overrides = report.progress_verbosity(train_overrides.parse_overrides(options))
     config = recipes.load_recipe(recipe, overrides)
+    config = teachers.prepare_teacher(config, train_missing=train_teacher)
     from keras_vit.training import trainer as training
 
     metadata = training.train(config)
@@ -65,6 +68,9 @@ recipes: {recipes} (default: digits)
   --smoke          a two-step run of the recipe
   --keys           list every config key that can be overridden, with its type
                    and its value in the recipe (other overrides applied)
+  --train-teacher  a distillation recipe whose teacher file is missing trains
+                   the teacher's recipe (distill.teacher_recipe) first, into
+                   its own run folder, and says so
   --key value      override one key, e.g. --optim.learning_rate 1e-3
   --set key=value  the same, e.g. --set batch_size=128
 """

@@ -7,6 +7,10 @@ Two kinds of stem:
   ("R50" = blocks (3, 4, 9), output stride 16, as in R50+ViT-B/16; "R26" =
   (2, 2, 2, 2), stride 32), laid out like timm's `ResNetV2(preact=False,
   stem_type="same")` so timm hybrid checkpoints convert;
+* `"cnn"`: `SmallCNN`'s stages of 3x3 convolutions (`cnn_widths`, batch
+  norm, 2x2 pooling between stages), output stride `2 ** (stages - 1)`: a stem
+  sized for small images (28x28 -> a 7x7 grid with three stages), where the
+  ResNet's stride-4 entry (7x7 conv and pooling) would leave too little;
 * any `keras.applications` model by name, cut at the requested output stride.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_vit.models.cnn import check_widths, conv_stages
 from keras_vit.models.layers import Patches
 from keras_vit.models.vit import (
     build_transformer,
@@ -32,6 +37,7 @@ RESNET_STEMS = {
     "R26": (2, 2, 2, 2),
     "R50": (3, 4, 9),
 }
+CNN_STEM = "cnn"
 
 
 @register
@@ -267,6 +273,26 @@ def _stem_stride(blocks, output_stride, stem_weights) -> int:
     return stride
 
 
+def _stem_plan(stem, cnn_widths, output_stride, stem_weights):
+    """`(ResNet blocks or None, CNN widths or None, name label, stride)`."""
+    if not (isinstance(stem, str) and stem == CNN_STEM):
+        blocks, label = _resnet_blocks(stem)
+        return blocks, None, label, _stem_stride(blocks, output_stride, stem_weights)
+    widths = check_widths(cnn_widths)
+    stride = 2 ** (len(widths) - 1)
+    if output_stride is not None and output_stride != stride:
+        raise ValueError(
+            f"The 'cnn' stem with {len(widths)} stages has output stride {stride}, "
+            f"not output_stride={output_stride}; change cnn_widths."
+        )
+    if stem_weights is not None:
+        raise ValueError(
+            f"stem_weights={stem_weights!r} only applies to keras.applications "
+            "stems; the 'cnn' stem starts random."
+        )
+    return None, widths, CNN_STEM, stride
+
+
 def HybridViT(
     variant: str = "B",
     image_size: int | tuple[int, int] = 224,
@@ -274,6 +300,7 @@ def HybridViT(
     *,
     stem: str | tuple[int, ...] = "R50",
     stem_width: int = 64,
+    cnn_widths: tuple[int, ...] = (32, 64, 128),
     norm_groups: int = 32,
     output_stride: int | None = None,
     stem_weights: str | None = None,
@@ -291,9 +318,12 @@ def HybridViT(
         num_classes: int, size of the classification head.
         stem: `"R50"` or `"R26"` (the paper's ResNet-v2), a tuple of blocks
             per stage for another depth of that ResNet, or the name of a
-            `keras.applications` model (`"ResNet50"`, `"EfficientNetB0"`...).
+            `keras.applications` model (`"ResNet50"`, `"EfficientNetB0"`...),
+            or `"cnn"`: `SmallCNN`'s stages, for small images.
         stem_width: int, ResNet-v2 stem channels; stage `s` is
             `4 * stem_width * 2**s` wide (64 gives the paper's widths).
+        cnn_widths: filters per stage of the `"cnn"` stem; its output stride
+            is `2 ** (len(cnn_widths) - 1)` (28x28 -> 7x7 with three).
         norm_groups: int, GroupNorm groups of the ResNet-v2 stem.
         output_stride: int, where a `keras.applications` stem is cut
             (default 16). The ResNet-v2 stride follows from its stage count
@@ -328,8 +358,9 @@ def HybridViT(
     size, patch = split_variant(variant)
     arch = parse_variant(size, patch_size=1, **overrides)
     arch.pop("patch_size")
-    blocks, stem_label = _resnet_blocks(stem)
-    stride = _stem_stride(blocks, output_stride, stem_weights)
+    blocks, widths, stem_label, stride = _stem_plan(
+        stem, cnn_widths, output_stride, stem_weights
+    )
     if patch and patch != stride:
         raise ValueError(
             f"variant {variant!r} asks for stride {patch}, but stem {stem!r} has "
@@ -345,7 +376,7 @@ def HybridViT(
         name = f"vit_{(size or variant).lower()}_{stem_label}"
     if not isinstance(dynamic_size, bool):
         raise ValueError(f"`dynamic_size` must be True or False, got {dynamic_size!r}.")
-    if dynamic_size and blocks is None:
+    if dynamic_size and blocks is None and widths is None:
         raise ValueError(
             f"dynamic_size=True needs a ResNet-v2 stem ({sorted(RESNET_STEMS)} or "
             f"block counts); stem {stem!r} from keras.applications is cut at a "
@@ -354,7 +385,9 @@ def HybridViT(
 
     spatial = (None, None) if dynamic_size else (height, width)
     inputs = image_input(*spatial, num_channels)
-    if blocks is not None:
+    if widths is not None:
+        features = conv_stages(inputs, widths)
+    elif blocks is not None:
         features = resnet_v2_stem(inputs, blocks, stem_width, norm_groups)
     else:
         features = application_stem(inputs, stem, stride, stem_weights)

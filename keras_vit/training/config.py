@@ -24,6 +24,7 @@ from keras_vit.models.vit import (
 from keras_vit.training.overrides import dotted_keys, replace_dotted
 
 MODEL_KINDS = ("vit", "hybrid", "cnn")
+STEM_KINDS = ("resnet", "cnn")
 STRATEGY_NAMES = ("default", "mirrored", "multiworker", "tpu")
 
 
@@ -108,8 +109,11 @@ class ModelConfig:
     # less activation memory for one more forward pass of each block.
     remat: bool = False
     distilled: bool = False  # DeiT class + distillation tokens and heads
-    # kind="hybrid": ResNet-v2 stem blocks per stage (() = the paper's R50) and
-    # its width (0 = 64); kind="cnn": SmallCNN's filters per stage.
+    # kind="hybrid": stem_kind "resnet" is the paper's ResNet-v2, `stem`
+    # blocks per stage (() = R50), `stem_width` wide (0 = 64); "cnn" is
+    # SmallCNN's stages (`cnn_widths`), sized for small images.
+    # kind="cnn": SmallCNN's filters per stage.
+    stem_kind: str = "resnet"
     stem: tuple = ()
     stem_width: int = 0
     cnn_widths: tuple = (32, 64, 128)
@@ -165,10 +169,13 @@ class DistillConfig:
     `weight`: the distillation loss's share, `(1 - weight) * CE + weight *
     distillation`. `teacher_mean` / `teacher_std`: the teacher's input
     normalisation of `pixels / pixel_scale`; () takes the `metadata.json`
-    beside a `.keras` teacher, else the data's.
+    beside a `.keras` teacher, else the data's. `teacher_recipe`: the recipe
+    whose run writes `teacher` (named when the file is missing; trained first
+    with `keras-vit train --train-teacher`).
     """
 
     teacher: str = ""
+    teacher_recipe: str = ""
     kind: str = "hard"
     temperature: float = 1.0
     weight: float = 0.5
@@ -262,6 +269,7 @@ def _validate_run(config: TrainConfig) -> None:
         ("model.pooling", config.model.pooling, ("token", "gap")),
         ("export_quantize", config.export_quantize, ("", "int8", "int4", "float8")),
         ("model.kind", config.model.kind, MODEL_KINDS),
+        ("model.stem_kind", config.model.stem_kind, STEM_KINDS),
     ):
         if value not in choices:
             raise ValueError(f"{key} must be one of {list(choices)}, got {value!r}.")

@@ -25,7 +25,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.files import write_atomic
 from keras_vit.models.preprocessing import pixel_affine, resolve_preprocessing
 from keras_vit.models.vit import distillation_heads
 from keras_vit.training import data as data_lib
@@ -80,12 +79,16 @@ class Distiller(keras.Model):
             raise ValueError(
                 f"distill.kind must be one of {list(KINDS)}, got {kind!r}."
             )
+        if not 0.0 <= float(label_smoothing) < 1.0:
+            raise ValueError(
+                f"`label_smoothing` must be in [0, 1), got {label_smoothing!r}."
+            )
         student_classes = int(student.outputs[0].shape[-1])
         teacher_classes = int(teacher.outputs[0].shape[-1])
         if student_classes != teacher_classes:
             raise ValueError(
                 f"The teacher {teacher.name!r} predicts {teacher_classes} classes, "
-                f"the data has {student_classes}; they must agree."
+                f"the student (and its data) {student_classes}; they must agree."
             )
         self.student = student
         self.teacher = teacher
@@ -171,6 +174,40 @@ class Distiller(keras.Model):
         return super().compute_metrics(x, y, y_pred, sample_weight)
 
 
+class HardDistillation(Distiller):
+    """DeiT hard-label distillation of a `distilled=True` student: a
+    `Distiller` with `kind="hard"` and `weight=0.5`, for a teacher that takes
+    the student's images as they are.
+
+    In training the class head learns the true labels and the distillation
+    head the teacher's argmax, each half of the loss (DeiT, eq. 3). In
+    inference the model is the student, whose output is the mean of both
+    heads. Compile with an optimizer and metrics only (the loss is this
+    model's); save `distiller.student`.
+
+    Args:
+        student: a keras_vit ViT or HybridViT built with `distilled=True`.
+        teacher: a model from the same images to logits over the same
+            classes.
+        label_smoothing: float in [0, 1), on the true labels (DeiT: 0.1).
+
+    Call arguments:
+        images: `(batch, height, width, channels)`.
+        training: bool; True returns `(class_logits, distillation_logits)`.
+    """
+
+    def __init__(self, student, teacher, label_smoothing: float = 0.0, **kwargs):
+        distillation_heads(student)  # a one-line error without the token
+        super().__init__(
+            student,
+            teacher,
+            kind="hard",
+            weight=0.5,
+            label_smoothing=label_smoothing,
+            **kwargs,
+        )
+
+
 def _metadata_preprocessing(path: Path) -> dict:
     beside = path.parent / "metadata.json"
     if path.suffix == ".keras" and beside.is_file():
@@ -178,13 +215,26 @@ def _metadata_preprocessing(path: Path) -> dict:
     return {}
 
 
+def check_teacher(config: TrainConfig) -> None:
+    """A one-line ValueError when `distill.teacher` is a `.keras` path that
+    does not exist, naming the recipe that writes it."""
+    path, recipe = config.distill.teacher, config.distill.teacher_recipe
+    if Path(path).suffix != ".keras" or Path(path).is_file():
+        return
+    how = (
+        f"train its recipe first: keras-vit train {recipe} (or add --train-teacher)"
+        if recipe
+        else "give a trained .keras classifier"
+    )
+    raise ValueError(f"distill.teacher {path!r} is not a file; {how}.")
+
+
 def load_teacher(config: TrainConfig, image_size) -> keras.Model:
     """The config's `distill.teacher`: a `.keras` file or a checkpoint that
     `keras_vit.pretrained.convert_checkpoint` reads."""
     path = config.distill.teacher
     if Path(path).suffix == ".keras":
-        if not Path(path).is_file():
-            raise ValueError(f"distill.teacher {path!r} is not a file.")
+        check_teacher(config)
         return keras.saving.load_model(path, compile=False)
     from keras_vit.pretrained.convert import convert_checkpoint
 
@@ -240,43 +290,3 @@ def wrap(model: keras.Model, config: TrainConfig) -> keras.Model:
         teacher_shift=shift,
         name="distiller",
     )
-
-
-def small_cnn(image_size, num_channels: int, num_classes: int) -> keras.Model:
-    """A small CNN classifier (logits), the kind of teacher DeiT found best:
-    its convolutional bias is what the ViT student lacks on little data."""
-    height, width = image_size
-    inputs = keras.Input((height, width, num_channels), name="images")
-    x = inputs
-    for filters in (32, 64):
-        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
-        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
-        x = keras.layers.MaxPooling2D()(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    x = keras.layers.Dropout(0.2)(x)
-    outputs = keras.layers.Dense(num_classes, name="head")(x)
-    return keras.Model(inputs, outputs, name="cnn_teacher")
-
-
-def train_teacher(config: TrainConfig, path, steps: int = 600) -> float:
-    """Trains `small_cnn` on the config's data (seed `config.seed`, Adam,
-    cross-entropy, no augmentation beyond the config's), saves it to `path`
-    and returns its held-out accuracy."""
-    from keras_vit.training import data as data_lib
-
-    size = (config.model.image_size, config.model.image_size)
-    keras.utils.set_random_seed(config.seed)
-    labels = data_lib.class_names(config.data, size)
-    model = small_cnn(size, config.data.num_channels, len(labels))
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
-        loss=keras.losses.CategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-    )
-    train = data_lib.make_train_dataset(config.data, size, 64, config.seed)
-    model.fit(train, steps_per_epoch=steps, epochs=1, verbose=0)
-    held_out = data_lib.make_eval_dataset(config.data, size, 256)
-    accuracy = float(model.evaluate(held_out, verbose=0, return_dict=True)["accuracy"])
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda temp: model.save(str(temp)))
-    return accuracy

@@ -1,5 +1,6 @@
 """Fine-tuning a (converted) ViT: linear probe, layer-wise learning-rate
-decay, and DeiT hard-label distillation from a frozen teacher."""
+decay; DeiT hard-label distillation from a frozen teacher is
+`keras_vit.training.distill.HardDistillation` (importable from here too)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import re
 import keras
 from keras import ops
 
-from keras_vit.models.vit import HEAD_LAYERS, distillation_heads
+from keras_vit.models.vit import HEAD_LAYERS
+from keras_vit.training.distill import HardDistillation  # noqa: F401  public here too
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -122,91 +124,3 @@ def layer_decay_optimizer(
     return LayerDecayAdamW(
         lr_multipliers=layer_decay_multipliers(model, decay), **adamw_kwargs
     )
-
-
-class HardDistillation(keras.Model):
-    """DeiT hard-label distillation of a `distilled=True` student.
-
-    In training the class head learns the true labels and the distillation
-    head the teacher's argmax, each half of the loss (DeiT, eq. 3). In
-    inference the model is the student: the mean of both heads. The teacher
-    is frozen and runs in inference mode. Compile with an optimizer and
-    metrics only (the loss is this model's); save `distiller.student`.
-
-    Args:
-        student: a keras_vit model built with `distilled=True`.
-        teacher: a model from the same images to logits over the same
-            classes.
-        label_smoothing: float, on the true labels (DeiT uses 0.1).
-
-    Call arguments:
-        images: `(batch, height, width, channels)`.
-        training: bool; True returns `(class_logits, distillation_logits)`.
-    """
-
-    def __init__(self, student, teacher, label_smoothing: float = 0.0, **kwargs):
-        super().__init__(**kwargs)
-        if not 0.0 <= float(label_smoothing) < 1.0:
-            raise ValueError(
-                f"`label_smoothing` must be in [0, 1), got {label_smoothing!r}."
-            )
-        student_classes = student.output_shape[-1]
-        teacher_classes = teacher.output_shape[-1]
-        if student_classes != teacher_classes:
-            raise ValueError(
-                f"The teacher predicts {teacher_classes} classes, the student "
-                f"{student_classes}; they must agree."
-            )
-        self.student = student
-        self.heads = distillation_heads(student)
-        self.teacher = teacher
-        self.teacher.trainable = False
-        self.label_smoothing = float(label_smoothing)
-
-    def call(self, images, training=False):
-        if training:
-            return self.heads(images, training=True)
-        return self.student(images, training=False)
-
-    def distillation_loss(self, images, labels, class_logits, dist_logits):
-        teacher_labels = ops.argmax(self.teacher(images, training=False), axis=-1)
-        num_classes = class_logits.shape[-1]
-        if len(labels.shape) == 1 or labels.shape[-1] != num_classes:
-            labels = ops.one_hot(
-                ops.cast(ops.reshape(labels, (-1,)), "int32"), num_classes
-            )
-        true_loss = keras.losses.categorical_crossentropy(
-            ops.cast(labels, "float32"),
-            class_logits,
-            from_logits=True,
-            label_smoothing=self.label_smoothing,
-        )
-        teacher_loss = keras.losses.sparse_categorical_crossentropy(
-            teacher_labels, dist_logits, from_logits=True
-        )
-        return 0.5 * ops.mean(true_loss) + 0.5 * ops.mean(teacher_loss)
-
-    def compute_loss(
-        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
-    ):
-        if isinstance(y_pred, (tuple, list)):
-            loss = self.distillation_loss(x, y, *y_pred)
-        else:
-            labels = y
-            if len(y.shape) == 1 or y.shape[-1] != y_pred.shape[-1]:
-                labels = ops.one_hot(
-                    ops.cast(ops.reshape(y, (-1,)), "int32"), y_pred.shape[-1]
-                )
-            loss = ops.mean(
-                keras.losses.categorical_crossentropy(
-                    ops.cast(labels, "float32"), y_pred, from_logits=True
-                )
-            )
-        if self.losses:
-            loss = loss + ops.sum(self.losses)
-        return loss
-
-    def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        if isinstance(y_pred, (tuple, list)):
-            y_pred = (y_pred[0] + y_pred[1]) / 2.0
-        return super().compute_metrics(x, y, y_pred, sample_weight)

@@ -15,14 +15,21 @@ from keras_vit.training.config import TrainConfig
 
 def build_kind(config: TrainConfig, num_classes: int, image_size: int) -> keras.Model:
     """`model.kind="hybrid"`: `HybridViT` with a ResNet-v2 stem of `model.stem`
-    blocks per stage, `model.stem_width` wide, and the transformer of
-    `model.variant` / `hidden_dim` / ...; `"cnn"`: `SmallCNN(model.cnn_widths)`
-    with `model.dropout_rate` before its head."""
+    blocks per stage, `model.stem_width` wide (`model.stem_kind="resnet"`) or
+    SmallCNN's stages `model.cnn_widths` (`"cnn"`), and the transformer of
+    `model.variant` / `hidden_dim` / ... (with DeiT's distillation token when
+    `model.distilled`); `"cnn"`: `SmallCNN(model.cnn_widths)` with
+    `model.dropout_rate` before its head."""
     m = config.model
     if m.pretrained or m.freeze_backbone:
         raise ValueError(
             f"model.pretrained and model.freeze_backbone apply to model.kind='vit', "
             f"got kind={m.kind!r}."
+        )
+    if m.distilled and m.kind == "cnn":
+        raise ValueError(
+            "model.distilled adds DeiT's distillation token to a transformer; "
+            "it applies to model.kind 'vit' or 'hybrid', got kind='cnn'."
         )
     if m.kind == "cnn":
         return SmallCNN(
@@ -40,8 +47,9 @@ def build_kind(config: TrainConfig, num_classes: int, image_size: int) -> keras.
         split_variant(m.variant)[0],
         image_size,
         num_classes,
-        stem=tuple(m.stem) or "R50",
+        stem="cnn" if m.stem_kind == "cnn" else (tuple(m.stem) or "R50"),
         stem_width=stem_width,
+        cnn_widths=tuple(m.cnn_widths),
         # GroupNorm's 32 groups need 32 channels; a narrow stem gets fewer.
         norm_groups=min(32, stem_width),
         num_channels=config.data.num_channels,
@@ -51,4 +59,5 @@ def build_kind(config: TrainConfig, num_classes: int, image_size: int) -> keras.
         attention_dropout_rate=m.attention_dropout_rate,
         drop_path_rate=m.drop_path_rate,
         remat=m.remat,
+        distilled=m.distilled,
     )

@@ -170,6 +170,8 @@ def train(config: TrainConfig) -> dict:
     `<run_dir>/metadata.json`): `accuracy`, `eval_loss`, `steps`, `run_dir`,
     `paths`, `preprocessing`, `labels`, `train_seconds`, ..."""
     config, settings = resolve_settings(validate(config))
+    # Before the run folder is touched: a missing teacher names its recipe.
+    distill_lib.check_teacher(config)
     print(
         f"{config.name}: precision={settings['precision']} "
         f"jit_compile={settings['jit_compile']}"
