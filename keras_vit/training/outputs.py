@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_vit.files import write_atomic
+from keras_vit.files import check_free_space, weights_bytes, write_atomic
 from keras_vit.training import data as data_lib
 from keras_vit.training import qat as qat_lib
 from keras_vit.training import run_folder
@@ -114,6 +114,9 @@ def write_outputs(model, config, metadata, run_dir, size) -> None:
     paths["model"] = str(run_dir / "model.keras")
     # Every file here replaces the last run's atomically: a kill while a
     # resumed run saves leaves the old file, never a truncated one.
+    # HDF5 can crash the process on a full disk: check first.
+    needed = int(weights_bytes(model.weights) * 1.1) + (1 << 20)
+    check_free_space(paths["model"], needed)
     write_atomic(paths["model"], lambda path: model.save(str(path)))
     history = run_dir / "history.csv"
     if history.exists():
