@@ -10,6 +10,7 @@ file that the next writer ignores.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -137,6 +138,34 @@ def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
             signal.raise_signal(received[0])
 
 
+def check_free_space(target: str | os.PathLike, needed: int) -> None:
+    """Raises OSError(ENOSPC) naming `target` when its folder has fewer than
+    `needed` bytes free. HDF5 (h5py, which writes Keras weights) can crash
+    the process when the disk fills during a write instead of raising, so
+    writers of `.h5` and `.keras` files check first. Another writer may still
+    fill the disk in between: this makes the common case (a disk filling up
+    over a run) an error, not a guarantee."""
+    free = shutil.disk_usage(Path(target).parent).free
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left on device: about {needed:,} bytes needed, {free:,} free",
+            str(target),
+        )
+
+
+def weights_bytes(*variable_lists) -> int:
+    """The bytes the given Keras variables hold (an estimate of a weights
+    file's size, without its small per-variable overhead)."""
+    import numpy as np
+
+    return sum(
+        int(np.prod(v.shape)) * np.dtype(getattr(v.dtype, "name", v.dtype)).itemsize
+        for variables in variable_lists
+        for v in variables
+    )
+
+
 def check_path_text(path: str | os.PathLike, what: str) -> Path:
     """`path` if TensorFlow can write and read back a SavedModel under it.
 
@@ -160,6 +189,7 @@ def check_path_text(path: str | os.PathLike, what: str) -> Path:
 
 
 __all__ = [
+    "check_free_space",
     "check_path_text",
     "discard",
     "fsync_dir",
@@ -169,6 +199,7 @@ __all__ = [
     "signals_held",
     "stage",
     "temporary_name",
+    "weights_bytes",
     "write_atomic",
     "write_bytes_atomic",
     "write_json_atomic",

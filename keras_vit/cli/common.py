@@ -147,7 +147,8 @@ def image_size(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        # argparse's own wording for `type=int`.
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if not 1 <= value <= MAX_IMAGE_SIZE:
         raise argparse.ArgumentTypeError(
             f"{value} is outside [1, {MAX_IMAGE_SIZE}] pixels (attention memory "

@@ -48,7 +48,13 @@ import keras
 import numpy as np
 
 from keras_vit.errors import CheckpointError, NonFiniteLossError
-from keras_vit.files import sha256, write_atomic, write_json_atomic
+from keras_vit.files import (
+    check_free_space,
+    sha256,
+    weights_bytes,
+    write_atomic,
+    write_json_atomic,
+)
 from keras_vit.training.distribute import is_chief
 
 MANIFEST = "checkpoints.json"
@@ -108,6 +114,7 @@ def save_checkpoint(
         model.save_weights(temp)
         _save_random_state(temp, model)
 
+    check_free_space(final, _expected_bytes(run_dir, model))
     write_atomic(final, write)
     entries = [e for e in _known(run_dir).values() if e["step"] != step]
     entries.append(
@@ -127,6 +134,16 @@ def save_checkpoint(
         if _NAME.match(path.name) and path.name not in kept:
             path.unlink(missing_ok=True)
     return final
+
+
+def _expected_bytes(run_dir: Path, model) -> int:
+    """A checkpoint's size: the last one's, or the weights' and optimizer
+    state's bytes, with 10% and 64 KiB to spare."""
+    optimizer = getattr(model, "optimizer", None)
+    estimate = weights_bytes(model.weights, optimizer.variables if optimizer else [])
+    for path in run_dir.glob("ckpt-*.weights.h5"):
+        estimate = max(estimate, path.stat().st_size)
+    return int(estimate * 1.1) + (64 << 10)
 
 
 def restore_latest(run_dir: str | os.PathLike, model: keras.Model) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_vit.files import write_atomic
+from keras_vit.files import check_free_space, weights_bytes, write_atomic
 from keras_vit.models.preprocessing import denormalize_pixels
 from keras_vit.training import data as data_lib
 from keras_vit.training import qat as qat_lib
@@ -175,6 +175,9 @@ def write_outputs(model, config, metadata, run_dir, size, finished=False) -> Non
     paths["model"] = str(run_dir / "model.keras")
     # Every file here replaces the last run's atomically: a kill while a
     # resumed run saves leaves the old file, never a truncated one.
+    # HDF5 can crash the process on a full disk: check first.
+    needed = int(weights_bytes(model.weights) * 1.1) + (1 << 20)
+    check_free_space(paths["model"], needed)
     write_atomic(paths["model"], lambda path: model.save(str(path)))
     history = run_dir / "history.csv"
     if history.exists():
