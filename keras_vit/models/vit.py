@@ -10,6 +10,7 @@ from keras_vit.models.layers import (
     TokenPooling,
     TransformerBlock,
 )
+from keras_vit.models.norms import make_norm
 from keras_vit.models.pooling import MAPHead
 
 POOLING_MODES = ("token", "gap", "map", None)
@@ -151,6 +152,15 @@ def build_transformer(
     layer_norm_epsilon: float = 1e-6,
     classifier_activation: str | None = None,
     num_register_tokens: int = 0,
+    norm_type: str = "layernorm",
+    norm_pre: bool = False,
+    final_norm: bool = True,
+    embed_norm: bool = False,
+    qk_norm: bool = False,
+    proj_bias: bool = True,
+    mlp_activation: str = "gelu",
+    gated_mlp: bool = False,
+    mlp_norm: bool = False,
     name: str = "vit",
 ) -> keras.Model:
     """Patch embedding, encoder, pooling and head on top of `patches`.
@@ -173,9 +183,13 @@ def build_transformer(
         dropout_rate=dropout_rate,
         layer_norm_epsilon=layer_norm_epsilon,
         num_register_tokens=num_register_tokens,
+        projection_norm=norm_type if embed_norm else None,
         name="patch_encoder",
     )
     x, prefix = encoder(patches), encoder.num_prefix_tokens
+    if norm_pre:
+        # CLIP's LayerNorm on the embedded tokens, before the first block.
+        x = make_norm(norm_type, layer_norm_epsilon, "norm_pre")(x)
     x = _encoder_blocks(
         x,
         num_layers,
@@ -188,6 +202,9 @@ def build_transformer(
         qkv_bias=qkv_bias,
         layer_scale_init=layer_scale_init,
         layer_norm_epsilon=layer_norm_epsilon,
+        **_block_options(
+            norm_type, qk_norm, proj_bias, mlp_activation, gated_mlp, mlp_norm
+        ),
     )
     x = _norm_pool_and_head(
         x,
@@ -203,8 +220,32 @@ def build_transformer(
         qkv_bias=qkv_bias,
         layer_norm_epsilon=layer_norm_epsilon,
         classifier_activation=classifier_activation,
+        norm_type=norm_type,
+        final_norm=final_norm,
     )
     return keras.Model(inputs, x, name=name)
+
+
+def _block_options(norm_type, qk_norm, proj_bias, mlp_activation, gated_mlp, mlp_norm):
+    """The block options that differ from the plain ViT's: a plain model's
+    blocks get none, so its config reads as before."""
+    options = dict(
+        norm_type=norm_type,
+        qk_norm=qk_norm,
+        proj_bias=proj_bias,
+        mlp_activation=mlp_activation,
+        gated_mlp=gated_mlp,
+        mlp_norm=mlp_norm,
+    )
+    plain = dict(
+        norm_type="layernorm",
+        qk_norm=False,
+        proj_bias=True,
+        mlp_activation="gelu",
+        gated_mlp=False,
+        mlp_norm=False,
+    )
+    return {k: v for k, v in options.items() if v != plain[k]}
 
 
 def _encoder_blocks(x, num_layers, drop_path_rate, last_queries, **block_options):
@@ -265,14 +306,19 @@ def _norm_pool_and_head(
     qkv_bias,
     layer_norm_epsilon,
     classifier_activation,
+    norm_type="layernorm",
+    final_norm=True,
 ):
     """The final LayerNorm (after pooling with `pool_norm`), pooling, optional
     pre-logits and the float32 head on the encoded tokens `x`; the pooled
     features when `include_top=False`, the normed tokens with no pooling."""
-    encoder_norm = keras.layers.LayerNormalization(
-        epsilon=layer_norm_epsilon, name="encoder_norm"
-    )
-    if not pool_norm:
+    encoder_norm = make_norm(norm_type, layer_norm_epsilon, "encoder_norm")
+    if not final_norm:
+        # timm's final_norm=False: the tokens go to pooling as they are.
+        encoder_norm = None
+        if pool_norm:
+            raise ValueError("`pool_norm=True` needs `final_norm=True`.")
+    if not pool_norm and encoder_norm is not None:
         x = encoder_norm(x)
     if pooling is None:
         return x
@@ -361,7 +407,16 @@ def ViT(
             `pool_norm` (LayerNorm after pooling, timm's `fc_norm`),
             `dropout_rate`, `attention_dropout_rate`, `drop_path_rate`
             (linear over blocks), `qkv_bias`, `layer_scale_init`,
-            `layer_norm_epsilon`, `classifier_activation`.
+            `layer_norm_epsilon`, `classifier_activation`; the options of
+            the newer families: `norm_type` (`"layernorm"`, or `"rmsnorm"`
+            everywhere, AIMv2), `norm_pre` (a norm on the embedded tokens
+            before the first block, CLIP), `final_norm` (False: no norm
+            after the last block), `embed_norm` (a norm on the projected
+            patches, AIMv2), `qk_norm`, `proj_bias` (False: no bias in the
+            attention output projection and the MLP), `mlp_activation`
+            (`"gelu"`, `"gelu_tanh"`, `"quick_gelu"`, `"silu"`), `gated_mlp`
+            (SwiGLU with `"silu"`), `mlp_norm` (a norm inside the MLP,
+            EVA-02), `position_embedding="none"` (no absolute table).
 
     Returns:
         A `keras.Model` from images `(batch, height, width, num_channels)` to
