@@ -24,6 +24,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["keras_vit", "keras_vit.*"]),
+    # timm's registered architectures, read by the timm converter.
+    package_data={"keras_vit.pretrained": ["timm_architectures.json"]},
     install_requires=[
         # Keras < 3.13.2 has known safe_mode bypasses.
         "keras>=3.13.2",

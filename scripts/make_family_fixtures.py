@@ -73,9 +73,10 @@ def describe(value):
     """A JSON-able description of one timm model argument: layers by class
     name, `partial`s as their layer and keywords."""
     if isinstance(value, functools.partial):
-        return {"layer": describe(value.func), **{
-            k: describe(v) for k, v in value.keywords.items()
-        }}
+        return {
+            "layer": describe(value.func),
+            **{k: describe(v) for k, v in value.keywords.items()},
+        }
     if inspect.isclass(value) or inspect.isfunction(value):
         return value.__name__
     if isinstance(value, (list, tuple)):
@@ -110,7 +111,10 @@ def registered_arguments() -> dict:
                 except Exception:  # builders that need arguments or build parts
                     continue
                 if name in captured:
-                    table[name] = {"class": kind, "model_args": describe(captured[name])}
+                    table[name] = {
+                        "class": kind,
+                        "model_args": describe(captured[name]),
+                    }
     finally:
         vision_transformer._create_vision_transformer, eva._create_eva = originals
     return table

@@ -46,8 +46,12 @@ class RMSNorm(keras.layers.Layer):
 
     def call(self, x):
         x32 = ops.cast(x, "float32")
-        scale = ops.rsqrt(ops.mean(ops.square(x32), axis=-1, keepdims=True) + self.epsilon)
-        return ops.cast(x32 * scale * ops.cast(self.gamma, "float32"), self.compute_dtype)
+        scale = ops.rsqrt(
+            ops.mean(ops.square(x32), axis=-1, keepdims=True) + self.epsilon
+        )
+        return ops.cast(
+            x32 * scale * ops.cast(self.gamma, "float32"), self.compute_dtype
+        )
 
     def compute_output_shape(self, input_shape):
         return input_shape

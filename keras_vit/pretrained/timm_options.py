@@ -153,6 +153,7 @@ def vision_transformer_options(args: dict) -> dict:
         "final_norm",
         "qk_norm",
         "scale_mlp_norm",
+        "scale_attn_norm",
         "proj_bias",
         "pos_embed",
         *DEFAULTS,
@@ -190,7 +191,9 @@ def vision_transformer_options(args: dict) -> dict:
         **_mlp(args),
     )
     if args.get("embed_norm_layer") is not None:
-        embed_type, embed_eps = _norm(args["embed_norm_layer"], 1e-6, "embed_norm_layer")
+        embed_type, embed_eps = _norm(
+            args["embed_norm_layer"], 1e-6, "embed_norm_layer"
+        )
         if (embed_type, embed_eps) != (norm_type, eps):
             raise CheckpointError(
                 f"timm embed_norm_layer={args['embed_norm_layer']!r} differs from "
