@@ -61,6 +61,37 @@ FAMILIES = {
         dict(SMALL, patch_size=8, img_size=32, num_classes=5),
         [(32, 32), (24, 24), (40, 48)],
     ),
+    # eva.py: RoPE families.
+    "dinov3": (
+        "vit_small_patch16_dinov3_qkvb",
+        dict(SMALL, patch_size=8, img_size=32, num_classes=4),
+        [(32, 32), (24, 24), (40, 48)],
+    ),
+    "dinov3_swiglu": (
+        "vit_small_plus_patch16_dinov3",
+        dict(SMALL, patch_size=8, img_size=32, num_classes=0),
+        [(32, 32), (24, 24), (40, 48)],
+    ),
+    "eva02": (
+        "eva02_tiny_patch14_224",
+        dict(SMALL, img_size=56, num_classes=5),
+        [(56, 56), (42, 42), (70, 84)],
+    ),
+    "eva02_split_mlp": (
+        "eva02_base_patch14_224",
+        dict(SMALL, img_size=56, num_classes=5),
+        [(56, 56), (42, 42), (70, 84)],
+    ),
+    "rope_vit": (
+        "vit_small_patch16_rope_224",
+        dict(SMALL, patch_size=8, img_size=32, num_classes=5),
+        [(32, 32), (24, 24), (40, 48)],
+    ),
+    "rope_vit_ape": (
+        "vit_small_patch16_rope_ape_224",
+        dict(SMALL, patch_size=8, img_size=32, num_classes=5),
+        [(32, 32), (24, 24), (40, 48)],
+    ),
     "aimv2": (
         "aimv2_large_patch14_224",
         dict(SMALL, img_size=56, num_classes=3),

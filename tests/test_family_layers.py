@@ -14,7 +14,7 @@ from keras_vit.models.blocks import MultiHeadSelfAttention
 from keras_vit.models.layers import MLP, PatchEncoder, TransformerBlock
 from keras_vit.models.norms import RMSNorm
 from keras_vit.models.quantization import quantized_copy
-from keras_vit.models.rope import apply_rope
+from keras_vit.models.rope import RotaryEmbedding, apply_rope
 from keras_vit.models.vit import ViT
 
 
@@ -209,3 +209,80 @@ def test_plain_vit_blocks_get_no_new_options():
     assert not block.mlp.gated and block.mlp.norm is None
     assert block.attention.qk_norm is None
     assert block.mlp.activation == "gelu" and block.attention.proj_bias
+
+
+def reference_angles(rows, cols, bands, centered, order, offset=0.0, reference=None):
+    """numpy: per-token angles, `order` "ij" (row bands first) or "xy"."""
+    k = np.arange(bands) / bands
+    r, c = np.meshgrid(
+        np.arange(rows) + offset, np.arange(cols) + offset, indexing="ij"
+    )
+    r, c = r.reshape(-1), c.reshape(-1)
+    if centered:
+        r, c = 2 * (r + 0.5) / rows - 1, 2 * (c + 0.5) / cols - 1
+        freq = 2 * np.pi * 100.0**-k
+    else:
+        if reference is not None:
+            r, c = r / rows * reference[0], c / cols * reference[1]
+        freq = 10000.0**-k
+    first, second = (r, c) if order == "ij" else (c, r)
+    return np.concatenate([first[:, None] * freq, second[:, None] * freq], axis=1)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(coordinates="centered", temperature=100.0, frequency_scale=2 * np.pi),
+        dict(coordinates="index", axis_order="xy"),
+        dict(coordinates="index", grid_offset=1.0, axis_order="xy"),
+        dict(coordinates="index", reference_grid=(16, 8)),
+    ],
+)
+def test_rotary_tables_match_numpy_at_any_grid(options):
+    layer = RotaryEmbedding(16, grid_size=(3, 5), **options)
+    check_config_round_trip(layer)
+    fixed = np.asarray(layer(np.zeros((1, 15, 4), "float32")))
+    ref = reference_angles(
+        3,
+        5,
+        4,
+        options["coordinates"] == "centered",
+        options.get("axis_order", "ij"),
+        options.get("grid_offset", 0.0),
+        options.get("reference_grid"),
+    )
+    ref = np.concatenate([ref, ref], axis=1)
+    np.testing.assert_allclose(fixed, np.stack([np.cos(ref), np.sin(ref)]), atol=2e-5)
+    # On a grid-shaped input the layer follows the input's grid.
+    other = np.asarray(layer(np.zeros((1, 4, 2, 4), "float32")))
+    assert other.shape == (2, 8, 16)
+
+
+def test_rope_block_under_mixed_precision_matches_float32():
+    x = np.random.default_rng(4).standard_normal((2, 7, 16)).astype("float32")
+    table = RotaryEmbedding(8, grid_size=(2, 3))(np.zeros((1, 6, 1), "float32"))
+    full = TransformerBlock(2, 24, name="b")
+    half = TransformerBlock(2, 24, dtype="mixed_float16", name="b")
+    full.build(x.shape)
+    half.build(x.shape)
+    half.set_weights(full.get_weights())
+    expected = np.asarray(full(x, rope=table))
+    got = half(x.astype("float16"), rope=table)
+    assert keras.backend.standardize_dtype(got.dtype) == "float16"
+    # float16 activations: a few 1e-3 of the values' scale.
+    np.testing.assert_allclose(np.asarray(got, "float32"), expected, atol=2e-2)
+    # The rotation moves the patch tokens and leaves the prefix token's query alone.
+    assert not np.allclose(np.asarray(full(x)), expected)
+
+
+def test_rope_vit_is_the_same_model_at_fixed_and_dynamic_size():
+    options = dict(
+        position_embedding="none",
+        rope=dict(coordinates="centered", temperature=100.0, frequency_scale=6.28),
+    )
+    fixed = small_vit(**options)
+    dynamic = small_vit(dynamic_size=True, **options)
+    dynamic.set_weights(fixed.get_weights())
+    x = np.random.default_rng(5).standard_normal((2, 16, 16, 3)).astype("float32")
+    np.testing.assert_allclose(dynamic(x), fixed(x), atol=1e-6)
+    assert dynamic(np.zeros((1, 24, 8, 3), "float32")).shape == (1, 3)

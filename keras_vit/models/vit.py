@@ -12,6 +12,7 @@ from keras_vit.models.layers import (
 )
 from keras_vit.models.norms import make_norm
 from keras_vit.models.pooling import MAPHead
+from keras_vit.models.rope import RotaryEmbedding
 
 POOLING_MODES = ("token", "gap", "map", None)
 
@@ -161,6 +162,7 @@ def build_transformer(
     mlp_activation: str = "gelu",
     gated_mlp: bool = False,
     mlp_norm: bool = False,
+    rope: dict | None = None,
     name: str = "vit",
 ) -> keras.Model:
     """Patch embedding, encoder, pooling and head on top of `patches`.
@@ -190,11 +192,17 @@ def build_transformer(
     if norm_pre:
         # CLIP's LayerNorm on the embedded tokens, before the first block.
         x = make_norm(norm_type, layer_norm_epsilon, "norm_pre")(x)
+    rope_table = None
+    if rope is not None:
+        rope_table = RotaryEmbedding(
+            hidden_dim // num_heads, grid_size=grid_size, name="rope", **rope
+        )(patches)
     x = _encoder_blocks(
         x,
         num_layers,
         drop_path_rate,
         last_queries=prefix if pooling == "token" else None,
+        rope=rope_table,
         num_heads=num_heads,
         mlp_dim=mlp_dim,
         dropout_rate=dropout_rate,
@@ -248,7 +256,9 @@ def _block_options(norm_type, qk_norm, proj_bias, mlp_activation, gated_mlp, mlp
     return {k: v for k, v in options.items() if v != plain[k]}
 
 
-def _encoder_blocks(x, num_layers, drop_path_rate, last_queries, **block_options):
+def _encoder_blocks(
+    x, num_layers, drop_path_rate, last_queries, rope=None, **block_options
+):
     """`num_layers` `TransformerBlock`s named `block_{i}` on the tokens `x`.
 
     With `last_queries`, only that many leading tokens attend and go through
@@ -256,12 +266,19 @@ def _encoder_blocks(x, num_layers, drop_path_rate, last_queries, **block_options
     encoder's FLOPs saved, outputs unchanged.
     """
     for i in range(num_layers):
-        x = TransformerBlock(
+        block = TransformerBlock(
             # Linear stochastic-depth schedule: 0 for the first block.
             drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),
             name=f"block_{i}",
             **block_options,
-        )(x, num_query_tokens=last_queries if i == num_layers - 1 else None)
+        )
+        queries = last_queries if i == num_layers - 1 else None
+        # The rotary tables only where there are some: a plain block's call
+        # is the one it always was.
+        if rope is None:
+            x = block(x, num_query_tokens=queries)
+        else:
+            x = block(x, num_query_tokens=queries, rope=rope)
     return x
 
 
@@ -416,7 +433,10 @@ def ViT(
             attention output projection and the MLP), `mlp_activation`
             (`"gelu"`, `"gelu_tanh"`, `"quick_gelu"`, `"silu"`), `gated_mlp`
             (SwiGLU with `"silu"`), `mlp_norm` (a norm inside the MLP,
-            EVA-02), `position_embedding="none"` (no absolute table).
+            EVA-02), `position_embedding="none"` (no absolute table),
+            `rope` (None, or the `RotaryEmbedding` options as a dict:
+            2-D rotary position embedding on the patch tokens' queries and
+            keys in every block, `keras_vit.models.rope`).
 
     Returns:
         A `keras.Model` from images `(batch, height, width, num_channels)` to

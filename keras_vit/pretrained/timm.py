@@ -21,6 +21,7 @@ from keras_vit.pretrained.layouts import (
     position_rule,
     refuse_unsupported,
 )
+from keras_vit.pretrained.timm_eva import eva_plan
 from keras_vit.pretrained.timm_options import (
     timm_arguments,
     vision_transformer_options,
@@ -30,11 +31,7 @@ from keras_vit.pretrained.timm_options import (
 def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     model_class, args = timm_arguments(config)
     if model_class == "Eva":
-        raise CheckpointError(
-            f"timm {config.get('architecture')!r} is an eva.py model (EVA-02, "
-            "DINOv3, ROPE-ViT: rotary position embedding), which keras_vit's "
-            "converter does not read yet."
-        )
+        return eva_plan(tensors, config, args, hints)
     refuse_unsupported(tensors, "timm")
     options = vision_transformer_options(args)
     gate_last = options.pop("gate_last")
