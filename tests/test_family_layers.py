@@ -14,6 +14,7 @@ from keras_vit.models.blocks import MultiHeadSelfAttention
 from keras_vit.models.layers import MLP, PatchEncoder, TransformerBlock
 from keras_vit.models.norms import RMSNorm
 from keras_vit.models.quantization import quantized_copy
+from keras_vit.models.resolution import with_image_size
 from keras_vit.models.rope import RotaryEmbedding, apply_rope
 from keras_vit.models.vit import ViT
 
@@ -239,9 +240,9 @@ def reference_angles(rows, cols, bands, centered, order, offset=0.0, reference=N
     ],
 )
 def test_rotary_tables_match_numpy_at_any_grid(options):
-    layer = RotaryEmbedding(16, grid_size=(3, 5), **options)
+    layer = RotaryEmbedding(16, stride=(8, 8), **options)
     check_config_round_trip(layer)
-    fixed = np.asarray(layer(np.zeros((1, 15, 4), "float32")))
+    fixed = np.asarray(layer(np.zeros((1, 24, 40, 3), "float32")))
     ref = reference_angles(
         3,
         5,
@@ -253,14 +254,14 @@ def test_rotary_tables_match_numpy_at_any_grid(options):
     )
     ref = np.concatenate([ref, ref], axis=1)
     np.testing.assert_allclose(fixed, np.stack([np.cos(ref), np.sin(ref)]), atol=2e-5)
-    # On a grid-shaped input the layer follows the input's grid.
-    other = np.asarray(layer(np.zeros((1, 4, 2, 4), "float32")))
-    assert other.shape == (2, 8, 16)
+    # Without a stride the input is the patch grid.
+    on_grid = RotaryEmbedding(16, **options)
+    np.testing.assert_allclose(on_grid(np.zeros((1, 3, 5, 4), "float32")), fixed)
 
 
 def test_rope_block_under_mixed_precision_matches_float32():
     x = np.random.default_rng(4).standard_normal((2, 7, 16)).astype("float32")
-    table = RotaryEmbedding(8, grid_size=(2, 3))(np.zeros((1, 6, 1), "float32"))
+    table = RotaryEmbedding(8)(np.zeros((1, 2, 3, 1), "float32"))
     full = TransformerBlock(2, 24, name="b")
     half = TransformerBlock(2, 24, dtype="mixed_float16", name="b")
     full.build(x.shape)
@@ -285,4 +286,6 @@ def test_rope_vit_is_the_same_model_at_fixed_and_dynamic_size():
     dynamic.set_weights(fixed.get_weights())
     x = np.random.default_rng(5).standard_normal((2, 16, 16, 3)).astype("float32")
     np.testing.assert_allclose(dynamic(x), fixed(x), atol=1e-6)
-    assert dynamic(np.zeros((1, 24, 8, 3), "float32")).shape == (1, 3)
+    other = np.random.default_rng(6).standard_normal((1, 24, 8, 3)).astype("float32")
+    resized = with_image_size(fixed, (24, 8))
+    np.testing.assert_allclose(resized(other), dynamic(other), atol=1e-6)

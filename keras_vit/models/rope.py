@@ -89,8 +89,10 @@ class RotaryEmbedding(keras.layers.Layer):
 
     Args:
         head_dim: int, the attention heads' width (a multiple of 4).
-        grid_size: `(rows, cols)` of a fixed-size model's grid; a dynamic
-            one reads the grid off its input.
+        stride: None, or the `(rows, cols)` pixels per patch: the input is
+            then the images and the grid is their size over the stride (a
+            fixed-size model, also after `with_image_size`); None: the input
+            is the patches on their grid (a dynamic-size model).
         coordinates: `"index"` (EVA-02, ROPE-ViT) or `"centered"` (DINOv3).
         temperature: float, the frequency base.
         frequency_scale: float, radians per unit at the lowest band (1 for
@@ -101,8 +103,8 @@ class RotaryEmbedding(keras.layers.Layer):
             rescaled as if the grid had this size (EVA-02's `ref_feat_shape`).
 
     Call arguments:
-        patches: `(batch, num_patches, ...)` of a fixed-size model, or the
-            grid `(batch, rows, cols, ...)`.
+        x: images `(batch, height, width, channels)` with `stride`, else
+            patches on their grid `(batch, rows, cols, patch_dim)`.
 
     Returns:
         float32 `(2, num_patches, head_dim)`: cosines then sines in the half
@@ -112,7 +114,7 @@ class RotaryEmbedding(keras.layers.Layer):
     def __init__(
         self,
         head_dim: int,
-        grid_size=None,
+        stride=None,
         coordinates: str = "index",
         temperature: float = 10000.0,
         frequency_scale: float = 1.0,
@@ -131,7 +133,7 @@ class RotaryEmbedding(keras.layers.Layer):
         if axis_order not in AXIS_ORDERS:
             raise ValueError(f"`axis_order` must be 'ij' or 'xy', got {axis_order!r}.")
         self.head_dim = int(head_dim)
-        self.grid_size = None if grid_size is None else tuple(int(g) for g in grid_size)
+        self.stride = None if stride is None else tuple(int(s) for s in stride)
         self.coordinates = coordinates
         self.temperature = float(temperature)
         self.frequency_scale = float(frequency_scale)
@@ -141,14 +143,21 @@ class RotaryEmbedding(keras.layers.Layer):
             None if reference_grid is None else tuple(int(g) for g in reference_grid)
         )
 
-    def call(self, patches):
-        if len(patches.shape) == 4:
-            rows, cols = (
-                ops.shape(patches)[i] if patches.shape[i] is None else patches.shape[i]
-                for i in (1, 2)
+    def _grid(self, x):
+        if len(x.shape) != 4:
+            raise ValueError(
+                "RotaryEmbedding expects images or patches on their grid, 4-D, got "
+                f"shape {tuple(x.shape)}."
             )
-        else:
-            rows, cols = self.grid_size
+        rows, cols = (
+            ops.shape(x)[i] if x.shape[i] is None else x.shape[i] for i in (1, 2)
+        )
+        if self.stride is not None:
+            rows, cols = rows // self.stride[0], cols // self.stride[1]
+        return rows, cols
+
+    def call(self, x):
+        rows, cols = self._grid(x)
         angles = rope_angles(rows, cols, self.head_dim // 4, self._options())
         angles = ops.concatenate([angles, angles], axis=-1)
         return ops.stack([ops.cos(angles), ops.sin(angles)])
@@ -163,18 +172,16 @@ class RotaryEmbedding(keras.layers.Layer):
             reference_grid=self.reference_grid,
         )
 
-    def compute_output_spec(self, patches):
-        if len(patches.shape) == 4:
-            rows, cols = patches.shape[1], patches.shape[2]
-        else:
-            rows, cols = self.grid_size
-        tokens = None if rows is None or cols is None else rows * cols
+    def compute_output_spec(self, x):
+        rows, cols = self._grid(x)
+        static = isinstance(rows, int) and isinstance(cols, int)
+        tokens = rows * cols if static else None
         return keras.KerasTensor((2, tokens, self.head_dim), dtype="float32")
 
     def get_config(self):
         return {
             **super().get_config(),
             "head_dim": self.head_dim,
-            "grid_size": self.grid_size,
+            "stride": self.stride,
             **self._options(),
         }

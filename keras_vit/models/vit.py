@@ -194,9 +194,14 @@ def build_transformer(
         x = make_norm(norm_type, layer_norm_epsilon, "norm_pre")(x)
     rope_table = None
     if rope is not None:
+        # From the images when their size is fixed, so that a model rebuilt
+        # at another size (`with_image_size`) gets that size's tables.
+        height, width = inputs.shape[1], inputs.shape[2]
+        fixed = height is not None and width is not None
+        stride = (height // grid_size[0], width // grid_size[1]) if fixed else None
         rope_table = RotaryEmbedding(
-            hidden_dim // num_heads, grid_size=grid_size, name="rope", **rope
-        )(patches)
+            hidden_dim // num_heads, stride=stride, name="rope", **rope
+        )(inputs if fixed else patches)
     x = _encoder_blocks(
         x,
         num_layers,
