@@ -30,6 +30,8 @@ setup(
         "keras_vit.recipes",
     ],
     package_dir={"keras_vit.recipes": "recipes"},
+    # timm's registered architectures, read by the timm converter.
+    package_data={"keras_vit.pretrained": ["timm_architectures.json"]},
     install_requires=[
         # Keras < 3.13.2 has known safe_mode bypasses.
         "keras>=3.13.2",

@@ -115,7 +115,7 @@ def test_patch_encoder_errors():
         PatchEncoder(8)(random(1, 6, 4))
     with pytest.raises(ValueError, match=r"grid_size \(2, 2\) holds 4 patches"):
         PatchEncoder(8, grid_size=(2, 2))(random(1, 6, 4))
-    with pytest.raises(ValueError, match="'learned' or 'sincos'"):
+    with pytest.raises(ValueError, match="'learned', 'sincos' or 'none'"):
         PatchEncoder(8, position_embedding="rope")
     with pytest.raises(ValueError, match="needs `class_token=True`"):
         PatchEncoder(8, class_token=False, distillation_token=True)

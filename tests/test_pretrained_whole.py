@@ -181,17 +181,17 @@ def test_unsupported_features_are_refused_by_name(tmp_path):
     folder = shutil.copytree(FIXTURES / "timm_vit_reg", tmp_path / "reg")
     tensors = load_file(str(folder / "model.safetensors"))
     for i in range(2):
-        tensors[f"blocks.{i}.attn.q_norm.weight"] = np.ones(16, "float32")
-        tensors[f"blocks.{i}.attn.k_norm.weight"] = np.ones(16, "float32")
-    tensors["blocks.0.mlp.fc1_g.weight"] = np.ones((64, 32), "float32")
+        tensors[f"blocks.{i}.attn.q_bias"] = np.ones(32, "float32")
+        tensors[f"blocks.{i}.attn.v_bias"] = np.ones(32, "float32")
+    tensors["blocks.0.attn.relative_position_bias_table"] = np.ones((9, 2), "float32")
     save_file(tensors, str(folder / "model.safetensors"))
     out = tmp_path / "never.keras"
     with pytest.raises(CheckpointError) as caught:
         convert_checkpoint(folder, out)
     message = str(caught.value)
     assert "uses 2 feature(s) keras_vit's ViT does not have" in message
-    assert "QK-norm (LayerNorm on queries and keys) (blocks.0.attn.k_norm" in message
-    assert "SwiGLU / gated MLP (blocks.0.mlp.fc1_g.weight)" in message
+    assert "separate query / value biases (BEiT) (blocks.0.attn.q_bias" in message
+    assert "relative position bias (blocks.0.attn.relative_position" in message
     assert not out.exists()
 
 

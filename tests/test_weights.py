@@ -216,9 +216,9 @@ def test_unknown_tensor_names_are_refused(tmp_path):
     # A known feature keras_vit lacks is named (tests/test_pretrained_whole.py).
     folder = edited_safetensors(
         tmp_path / "qk",
-        lambda t: t.update({"blocks.0.attn.q_norm.weight": np.ones(16, "float32")}),
+        lambda t: t.update({"blocks.0.attn.q_bias": np.ones(16, "float32")}),
     )
-    assert_refused(folder, CheckpointError, r"QK-norm", tmp_path)
+    assert_refused(folder, CheckpointError, r"separate query / value biases", tmp_path)
 
 
 def test_wrong_shapes_are_refused(tmp_path):
@@ -242,10 +242,10 @@ def test_malformed_architecture_tensors_are_refused(tmp_path):
     folder = edited_safetensors(tmp_path, edit)
     assert_refused(folder, CheckpointError, "unexpected shape", tmp_path)
     folder = edited_safetensors(
-        tmp_path / "b", lambda t: t.pop("blocks.0.mlp.fc1.weight")
+        tmp_path / "b", lambda t: t.pop("blocks.0.mlp.fc2.weight")
     )
     assert_refused(
-        folder, CheckpointError, "lacks tensor 'blocks.0.mlp.fc1.weight'", tmp_path
+        folder, CheckpointError, "lacks tensor 'blocks.0.mlp.fc2.weight'", tmp_path
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_vit.models.norms import check_norm_type, make_norm
+from keras_vit.models.rope import apply_rope
 from keras_vit.models.sublayers import (
     MLP,
     DropPath,
@@ -43,7 +45,12 @@ class _TokenAttentionLayer(keras.layers.Layer):
         return input_shape
 
     def compute_output_spec(
-        self, x, training=None, return_attention_scores=False, num_query_tokens=None
+        self,
+        x,
+        training=None,
+        return_attention_scores=False,
+        num_query_tokens=None,
+        rope=None,
     ):
         tokens = x.shape[1]
         queries = _check_query_tokens(num_query_tokens, tokens)
@@ -72,10 +79,18 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         head_dim: int or None, width of each head; None means
             `hidden_dim // num_heads`. A head-pruned block keeps its heads'
             width with fewer heads, so QKV is `num_heads * head_dim` wide.
+        qk_norm: None, or `"layernorm"` / `"rmsnorm"` over each head's
+            queries and keys before the product (QK-norm).
+        norm_epsilon: float, epsilon of the QK-norm.
+        proj_bias: bool, bias in the output projection.
 
     Call arguments:
         x: `(batch, num_tokens, hidden_dim)`.
         training: bool, whether dropout is active.
+        rope: None, or the `(cos, sin)` rotary tables `(num_patches, head_dim)`
+            stacked on a leading axis of 2 (`keras_vit.models.rope`), applied
+            to the queries and keys of the last `num_patches` tokens; prefix
+            tokens are not rotated.
         return_attention_scores: bool, also return the attention
             probabilities `(batch, num_heads, num_queries, num_tokens)`.
         num_query_tokens: int or None, only the first `num_query_tokens`
@@ -91,6 +106,9 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         attention_dropout_rate: float = 0.0,
         dropout_rate: float = 0.0,
         head_dim: int | None = None,
+        qk_norm: str | None = None,
+        norm_epsilon: float = 1e-6,
+        proj_bias: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -107,6 +125,13 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
             "attention_dropout_rate", attention_dropout_rate
         )
         self.dropout_rate = check_rate("dropout_rate", dropout_rate)
+        self.qk_norm = None if qk_norm is None else check_norm_type(qk_norm)
+        self.norm_epsilon = float(norm_epsilon)
+        self.proj_bias = bool(proj_bias)
+        if self.qk_norm is not None:
+            policy = self.dtype_policy
+            self.q_norm = make_norm(self.qk_norm, norm_epsilon, "q_norm", policy)
+            self.k_norm = make_norm(self.qk_norm, norm_epsilon, "k_norm", policy)
         # float32 so the dropout layer's policy does not cast the probabilities.
         self.probs_dropout = keras.layers.Dropout(
             self.attention_dropout_rate, dtype="float32", name="probs_dropout"
@@ -133,13 +158,23 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
             name="qkv",
         )
         self.qkv.build((None, hidden_dim))
-        self.proj = keras.layers.Dense(hidden_dim, dtype=self.dtype_policy, name="proj")
+        self.proj = keras.layers.Dense(
+            hidden_dim, use_bias=self.proj_bias, dtype=self.dtype_policy, name="proj"
+        )
         self.proj.build((None, inner))
+        if self.qk_norm is not None:
+            self.q_norm.build((None, None, self.head_dim))
+            self.k_norm.build((None, None, self.head_dim))
         self.probs_dropout.build(input_shape)
         self.output_dropout.build(input_shape)
 
     def call(
-        self, x, training=None, return_attention_scores=False, num_query_tokens=None
+        self,
+        x,
+        training=None,
+        return_attention_scores=False,
+        num_query_tokens=None,
+        rope=None,
     ):
         hidden_dim = x.shape[2]
         queries = _check_query_tokens(num_query_tokens, x.shape[1])
@@ -163,6 +198,10 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         # StridedSliceGrad that writes a zero tensor of the full QKV size (a
         # fifth of a bfloat16 training step); unstack's gradient is one stack.
         q, k, v = ops.unstack(qkv, 3, axis=0)
+        if self.qk_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         if num_query_tokens is not None and queries != x.shape[1]:
             q = q[:, :queries]
         # Scaling q before the product keeps float16 logits in range.
@@ -198,6 +237,9 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
             "attention_dropout_rate": self.attention_dropout_rate,
             "dropout_rate": self.dropout_rate,
             "head_dim": self.head_dim_arg,
+            "qk_norm": self.qk_norm,
+            "norm_epsilon": self.norm_epsilon,
+            "proj_bias": self.proj_bias,
         }
         return with_sublayer_policies(self, config)
 
@@ -226,10 +268,19 @@ class TransformerBlock(_TokenAttentionLayer):
             forward pass of the block. Needs `dropout_rate` and
             `attention_dropout_rate` of 0: a recomputed dropout draws a new
             mask. Stochastic depth stays outside the recomputed part.
+        norm_type: `"layernorm"` or `"rmsnorm"` (AIMv2), for both block
+            norms and the QK-norm.
+        qk_norm: bool, normalise each head's queries and keys.
+        proj_bias: bool, biases in the attention output projection and the
+            MLP (timm's `proj_bias`).
+        mlp_activation: `"gelu"`, `"gelu_tanh"`, `"quick_gelu"` or `"silu"`.
+        gated_mlp: bool, a gated MLP (SwiGLU with `"silu"`, see `MLP`).
+        mlp_norm: bool, a norm on the MLP's hidden layer (EVA-02).
 
     Call arguments:
         x: `(batch, num_tokens, hidden_dim)`.
         training: bool, whether dropout and stochastic depth are active.
+        rope: None or the rotary tables (see `MultiHeadSelfAttention`).
         return_attention_scores: bool, also return the attention
             probabilities `(batch, num_heads, num_queries, num_tokens)`.
         num_query_tokens: int or None, only the first `num_query_tokens`
@@ -250,6 +301,12 @@ class TransformerBlock(_TokenAttentionLayer):
         layer_norm_epsilon: float = 1e-6,
         head_dim: int | None = None,
         remat: bool = False,
+        norm_type: str = "layernorm",
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        mlp_activation: str = "gelu",
+        gated_mlp: bool = False,
+        mlp_norm: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -265,6 +322,12 @@ class TransformerBlock(_TokenAttentionLayer):
             )
         self.remat = remat
         self.num_heads = int(num_heads)
+        self.norm_type = check_norm_type(norm_type)
+        self.qk_norm = bool(qk_norm)
+        self.proj_bias = bool(proj_bias)
+        self.mlp_activation = mlp_activation
+        self.gated_mlp = bool(gated_mlp)
+        self.mlp_norm = bool(mlp_norm)
         self.head_dim = None if head_dim is None else int(head_dim)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = check_rate("dropout_rate", dropout_rate)
@@ -278,9 +341,7 @@ class TransformerBlock(_TokenAttentionLayer):
 
         policy = self.dtype_policy
         # LayerNormalization computes its statistics in float32 itself.
-        self.norm1 = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, dtype=policy, name="norm1"
-        )
+        self.norm1 = make_norm(norm_type, layer_norm_epsilon, "norm1", policy)
         self.attention = MultiHeadSelfAttention(
             num_heads,
             qkv_bias=qkv_bias,
@@ -288,12 +349,23 @@ class TransformerBlock(_TokenAttentionLayer):
             dropout_rate=dropout_rate,
             dtype=policy,
             head_dim=head_dim,
+            qk_norm=norm_type if qk_norm else None,
+            norm_epsilon=layer_norm_epsilon,
+            proj_bias=proj_bias,
             name="attention",
         )
-        self.norm2 = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, dtype=policy, name="norm2"
+        self.norm2 = make_norm(norm_type, layer_norm_epsilon, "norm2", policy)
+        self.mlp = MLP(
+            mlp_dim,
+            dropout_rate=dropout_rate,
+            activation=mlp_activation,
+            gated=gated_mlp,
+            use_bias=proj_bias,
+            norm_type=norm_type if mlp_norm else None,
+            norm_epsilon=layer_norm_epsilon,
+            dtype=policy,
+            name="mlp",
         )
-        self.mlp = MLP(mlp_dim, dropout_rate=dropout_rate, dtype=policy, name="mlp")
         self.drop_path1 = DropPath(drop_path_rate, dtype=policy, name="drop_path1")
         self.drop_path2 = DropPath(drop_path_rate, dtype=policy, name="drop_path2")
         self.layer_scale1 = self.layer_scale2 = None
@@ -314,7 +386,12 @@ class TransformerBlock(_TokenAttentionLayer):
             layer.build(input_shape)
 
     def call(
-        self, x, training=None, return_attention_scores=False, num_query_tokens=None
+        self,
+        x,
+        training=None,
+        return_attention_scores=False,
+        num_query_tokens=None,
+        rope=None,
     ):
         def attention_branch(tokens):
             return self.attention(
@@ -322,6 +399,7 @@ class TransformerBlock(_TokenAttentionLayer):
                 training=training,
                 return_attention_scores=return_attention_scores,
                 num_query_tokens=num_query_tokens,
+                rope=rope,
             )
 
         def mlp_branch(tokens):
@@ -360,5 +438,11 @@ class TransformerBlock(_TokenAttentionLayer):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "head_dim": self.head_dim,
             "remat": self.remat,
+            "norm_type": self.norm_type,
+            "qk_norm": self.qk_norm,
+            "proj_bias": self.proj_bias,
+            "mlp_activation": self.mlp_activation,
+            "gated_mlp": self.gated_mlp,
+            "mlp_norm": self.mlp_norm,
         }
         return with_sublayer_policies(self, config)

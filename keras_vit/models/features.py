@@ -135,9 +135,13 @@ def feature_extractor(
     for i in indices:
         block = layers[i]
         tokens = block.output
-        if tokens.shape[1] != block.input.shape[1]:
+        # A RoPE block also takes the rotary tables (`rope=`).
+        arguments = block._inbound_nodes[0].arguments
+        block_input = arguments.args[0]
+        if tokens.shape[1] != block_input.shape[1]:
             # The last block of a class-token model kept only the prefix.
-            tokens = block(block.input)
+            rope = {k: v for k, v in arguments.kwargs.items() if k == "rope"}
+            tokens = block(block_input, **rope)
         drop = 0 if include_prefix else prefix
         outputs[block.name] = PatchTokens(drop, grid, name=f"{block.name}_{output}")(
             tokens

@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_vit.models import position
+from keras_vit.models.norms import make_norm
 from keras_vit.models.position import sincos_position_embedding
 from keras_vit.models.sublayers import check_rate, register, with_sublayer_policies
 
@@ -146,6 +147,8 @@ class PatchEncoder(keras.layers.Layer):
             from, `"timm"`, `"hf"` or `"big_vision"` (see `position`).
         dropout_rate: float, dropout on the embedded tokens.
         layer_norm_epsilon: float, epsilon of the patch LayerNorms.
+        projection_norm: None, or `"layernorm"` / `"rmsnorm"` on the
+            projected patches, before the position embedding (AIMv2).
 
     Call arguments:
         patches: `(batch, num_patches, patch_dim)`, or on their grid
@@ -173,6 +176,7 @@ class PatchEncoder(keras.layers.Layer):
         dropout_rate: float = 0.0,
         layer_norm_epsilon: float = 1e-6,
         num_register_tokens: int = 0,
+        projection_norm: str | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -186,9 +190,9 @@ class PatchEncoder(keras.layers.Layer):
                 f"{num_register_tokens!r}."
             )
         self.num_register_tokens = num_register_tokens
-        if position_embedding not in ("learned", "sincos"):
+        if position_embedding not in ("learned", "sincos", "none"):
             raise ValueError(
-                "`position_embedding` must be 'learned' or 'sincos', got "
+                "`position_embedding` must be 'learned', 'sincos' or 'none', got "
                 f"{position_embedding!r}."
             )
         if distillation_token and not class_token:
@@ -206,6 +210,12 @@ class PatchEncoder(keras.layers.Layer):
         self.projection = keras.layers.Dense(
             self.hidden_dim, dtype=policy, name="projection"
         )
+        self.projection_norm = projection_norm
+        self.embed_norm = None
+        if projection_norm is not None:
+            self.embed_norm = make_norm(
+                projection_norm, layer_norm_epsilon, "embed_norm", dtype=policy
+            )
         self.embedding_dropout = keras.layers.Dropout(
             self.dropout_rate, dtype=policy, name="embedding_dropout"
         )
@@ -273,6 +283,8 @@ class PatchEncoder(keras.layers.Layer):
             self.input_norm.build(input_shape)
             self.output_norm.build((None, num_patches, self.hidden_dim))
         self.projection.build(input_shape)
+        if self.embed_norm is not None:
+            self.embed_norm.build((None, None, self.hidden_dim))
         self.embedding_dropout.build((None, None, self.hidden_dim))
         if self.class_token:
             self.cls_token = self.add_weight(
@@ -300,7 +312,7 @@ class PatchEncoder(keras.layers.Layer):
                 initializer=keras.initializers.TruncatedNormal(stddev=0.02),
                 name="pos_embedding",
             )
-        else:
+        elif self.position_embedding == "sincos":
             table = sincos_position_embedding(grid, self.hidden_dim)
             self.pos_embedding = self.add_weight(
                 shape=(1, num_patches, self.hidden_dim),
@@ -316,6 +328,8 @@ class PatchEncoder(keras.layers.Layer):
         x = self.projection(x)
         if self.patch_norm:
             x = self.output_norm(x)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         if len(x.shape) == 4:
             rows, cols = (
                 ops.shape(x)[i] if x.shape[i] is None else x.shape[i] for i in (1, 2)
@@ -323,6 +337,14 @@ class PatchEncoder(keras.layers.Layer):
             x = ops.reshape(x, (-1, rows * cols, self.hidden_dim))
         else:
             rows, cols = self._built_grid
+        pos = None
+        if self.position_embedding != "none":
+            pos = self._position_table(x, rows, cols)
+        if self.position_embedding == "sincos":
+            x = x + pos
+        return self._add_prefix(x, pos, training)
+
+    def _position_table(self, x, rows, cols):
         pos = position.table_for_grid(
             self.pos_embedding,
             self._built_grid,
@@ -331,9 +353,9 @@ class PatchEncoder(keras.layers.Layer):
             num_prefix_tokens=self.num_embedded_prefix_tokens,
             method=self.position_resample,
         )
-        pos = ops.cast(pos, x.dtype)
-        if self.position_embedding == "sincos":
-            x = x + pos
+        return ops.cast(pos, x.dtype)
+
+    def _add_prefix(self, x, pos, training):
         batch = ops.shape(x)[0]
         prefix = []
         if self.class_token:
@@ -380,6 +402,7 @@ class PatchEncoder(keras.layers.Layer):
             "dropout_rate": self.dropout_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "num_register_tokens": self.num_register_tokens,
+            "projection_norm": self.projection_norm,
         }
         return with_sublayer_policies(self, config)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_vit.models.norms import check_norm_type, make_norm
+
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
 
@@ -41,15 +43,41 @@ def check_rate(name: str, value: float) -> float:
     return float(value)
 
 
+MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+
+
+def activate(x, activation: str, approximate_gelu: bool = False):
+    if activation == "gelu":
+        return ops.gelu(x, approximate=approximate_gelu)
+    if activation == "gelu_tanh":
+        return ops.gelu(x, approximate=True)
+    if activation == "quick_gelu":
+        # CLIP's sigmoid approximation of GELU.
+        return x * ops.sigmoid(ops.cast(1.702, x.dtype) * x)
+    return ops.silu(x)
+
+
 @register
 class MLP(keras.layers.Layer):
     """Two-layer feed-forward block: Dense(mlp_dim) + GELU + Dense(hidden_dim).
+
+    With `gated=True` it is a gated linear unit (SwiGLU with `"silu"`):
+    `fc1` is `2 * mlp_dim` wide and packs the gate then the value, the hidden
+    layer is `act(gate) * value`. Checkpoints with two separate gate and
+    value projections (timm's `SwiGLU`) load into the packed kernel.
 
     Args:
         mlp_dim: int, width of the hidden layer.
         dropout_rate: float, dropout after each Dense.
         approximate_gelu: bool, tanh approximation of GELU (exact erf when
             False, as in the paper and timm).
+        activation: `"gelu"`, `"gelu_tanh"`, `"quick_gelu"` (CLIP's
+            `x * sigmoid(1.702 x)`) or `"silu"`.
+        gated: bool, gated hidden layer as above.
+        use_bias: bool, biases in both Dense layers.
+        norm_type: None, or `"layernorm"` / `"rmsnorm"` on the hidden layer
+            before `fc2` (EVA-02's `scale_mlp`).
+        norm_epsilon: float, epsilon of that norm.
 
     Call arguments:
         x: `(batch, num_tokens, hidden_dim)`.
@@ -61,26 +89,51 @@ class MLP(keras.layers.Layer):
         mlp_dim: int,
         dropout_rate: float = 0.0,
         approximate_gelu: bool = False,
+        activation: str = "gelu",
+        gated: bool = False,
+        use_bias: bool = True,
+        norm_type: str | None = None,
+        norm_epsilon: float = 1e-6,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if activation not in MLP_ACTIVATIONS:
+            raise ValueError(
+                f"`activation` must be one of {', '.join(MLP_ACTIVATIONS)}, got "
+                f"{activation!r}."
+            )
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = check_rate("dropout_rate", dropout_rate)
         self.approximate_gelu = bool(approximate_gelu)
+        self.activation = activation
+        self.gated = bool(gated)
+        self.use_bias = bool(use_bias)
+        self.norm_type = None if norm_type is None else check_norm_type(norm_type)
+        self.norm_epsilon = float(norm_epsilon)
         self.hidden_dropout = keras.layers.Dropout(
             self.dropout_rate, dtype=self.dtype_policy, name="hidden_dropout"
         )
         self.output_dropout = keras.layers.Dropout(
             self.dropout_rate, dtype=self.dtype_policy, name="output_dropout"
         )
+        self.norm = None
+        if self.norm_type is not None:
+            self.norm = make_norm(
+                self.norm_type, self.norm_epsilon, "norm", dtype=self.dtype_policy
+            )
 
     def build(self, input_shape):
-        self.fc1 = keras.layers.Dense(self.mlp_dim, dtype=self.dtype_policy, name="fc1")
+        width = self.mlp_dim * (2 if self.gated else 1)
+        self.fc1 = keras.layers.Dense(
+            width, use_bias=self.use_bias, dtype=self.dtype_policy, name="fc1"
+        )
         self.fc1.build((None, input_shape[-1]))
         self.fc2 = keras.layers.Dense(
-            input_shape[-1], dtype=self.dtype_policy, name="fc2"
+            input_shape[-1], use_bias=self.use_bias, dtype=self.dtype_policy, name="fc2"
         )
         self.fc2.build((None, self.mlp_dim))
+        if self.norm is not None:
+            self.norm.build((None, self.mlp_dim))
         self.hidden_dropout.build((None, self.mlp_dim))
         self.output_dropout.build(input_shape)
 
@@ -98,8 +151,15 @@ class MLP(keras.layers.Layer):
                 ops.shape(x)[i] if d is None else d for i, d in enumerate(x.shape[:-1])
             )
         h = ops.reshape(x, (-1, x.shape[-1]))
-        h = ops.gelu(self.fc1(h), approximate=self.approximate_gelu)
+        h = self.fc1(h)
+        if self.gated:
+            gate, value = h[:, : self.mlp_dim], h[:, self.mlp_dim :]
+            h = activate(gate, self.activation, self.approximate_gelu) * value
+        else:
+            h = activate(h, self.activation, self.approximate_gelu)
         h = self.hidden_dropout(h, training=training)
+        if self.norm is not None:
+            h = self.norm(h)
         h = self.output_dropout(self.fc2(h), training=training)
         return ops.reshape(h, (*leading, h.shape[-1]))
 
@@ -112,6 +172,11 @@ class MLP(keras.layers.Layer):
             "mlp_dim": self.mlp_dim,
             "dropout_rate": self.dropout_rate,
             "approximate_gelu": self.approximate_gelu,
+            "activation": self.activation,
+            "gated": self.gated,
+            "use_bias": self.use_bias,
+            "norm_type": self.norm_type,
+            "norm_epsilon": self.norm_epsilon,
         }
         return with_sublayer_policies(self, config)
 

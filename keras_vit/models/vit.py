@@ -6,7 +6,9 @@ import keras
 
 from keras_vit.models.blocks import TransformerBlock
 from keras_vit.models.layers import PatchEncoder, Patches, TokenPooling
+from keras_vit.models.norms import make_norm
 from keras_vit.models.pooling import MAPHead
+from keras_vit.models.rope import RotaryEmbedding
 
 POOLING_MODES = ("token", "gap", "map", None)
 
@@ -192,6 +194,16 @@ def build_transformer(
     classifier_activation: str | None = None,
     num_register_tokens: int = 0,
     remat: bool = False,
+    norm_type: str = "layernorm",
+    norm_pre: bool = False,
+    final_norm: bool = True,
+    embed_norm: bool = False,
+    qk_norm: bool = False,
+    proj_bias: bool = True,
+    mlp_activation: str = "gelu",
+    gated_mlp: bool = False,
+    mlp_norm: bool = False,
+    rope: dict | None = None,
     name: str = "vit",
 ) -> keras.Model:
     """Patch embedding, encoder, pooling and head on top of `patches`.
@@ -215,14 +227,29 @@ def build_transformer(
         dropout_rate=dropout_rate,
         layer_norm_epsilon=layer_norm_epsilon,
         num_register_tokens=num_register_tokens,
+        projection_norm=norm_type if embed_norm else None,
         name="patch_encoder",
     )
     x, prefix = encoder(patches), encoder.num_prefix_tokens
+    if norm_pre:
+        # CLIP's LayerNorm on the embedded tokens, before the first block.
+        x = make_norm(norm_type, layer_norm_epsilon, "norm_pre")(x)
+    rope_table = None
+    if rope is not None:
+        # From the images when their size is fixed, so that a model rebuilt
+        # at another size (`with_image_size`) gets that size's tables.
+        height, width = inputs.shape[1], inputs.shape[2]
+        fixed = height is not None and width is not None
+        stride = (height // grid_size[0], width // grid_size[1]) if fixed else None
+        rope_table = RotaryEmbedding(
+            hidden_dim // num_heads, stride=stride, name="rope", **rope
+        )(inputs if fixed else patches)
     x = _encoder_blocks(
         x,
         num_layers,
         drop_path_rate,
         last_queries=prefix if pooling == "token" else None,
+        rope=rope_table,
         num_heads=num_heads,
         mlp_dim=mlp_dim,
         dropout_rate=dropout_rate,
@@ -231,6 +258,9 @@ def build_transformer(
         layer_scale_init=layer_scale_init,
         layer_norm_epsilon=layer_norm_epsilon,
         remat=remat,
+        **_block_options(
+            norm_type, qk_norm, proj_bias, mlp_activation, gated_mlp, mlp_norm
+        ),
     )
     x = _norm_pool_and_head(
         x,
@@ -247,11 +277,37 @@ def build_transformer(
         qkv_bias=qkv_bias,
         layer_norm_epsilon=layer_norm_epsilon,
         classifier_activation=classifier_activation,
+        norm_type=norm_type,
+        final_norm=final_norm,
     )
     return keras.Model(inputs, x, name=name)
 
 
-def _encoder_blocks(x, num_layers, drop_path_rate, last_queries, **block_options):
+def _block_options(norm_type, qk_norm, proj_bias, mlp_activation, gated_mlp, mlp_norm):
+    """The block options that differ from the plain ViT's: a plain model's
+    blocks get none, so its config reads as before."""
+    options = dict(
+        norm_type=norm_type,
+        qk_norm=qk_norm,
+        proj_bias=proj_bias,
+        mlp_activation=mlp_activation,
+        gated_mlp=gated_mlp,
+        mlp_norm=mlp_norm,
+    )
+    plain = dict(
+        norm_type="layernorm",
+        qk_norm=False,
+        proj_bias=True,
+        mlp_activation="gelu",
+        gated_mlp=False,
+        mlp_norm=False,
+    )
+    return {k: v for k, v in options.items() if v != plain[k]}
+
+
+def _encoder_blocks(
+    x, num_layers, drop_path_rate, last_queries, rope=None, **block_options
+):
     """`num_layers` `TransformerBlock`s named `block_{i}` on the tokens `x`.
 
     With `last_queries`, only that many leading tokens attend and go through
@@ -259,12 +315,19 @@ def _encoder_blocks(x, num_layers, drop_path_rate, last_queries, **block_options
     encoder's FLOPs saved, outputs unchanged.
     """
     for i in range(num_layers):
-        x = TransformerBlock(
+        block = TransformerBlock(
             # Linear stochastic-depth schedule: 0 for the first block.
             drop_path_rate=drop_path_rate * i / max(num_layers - 1, 1),
             name=f"block_{i}",
             **block_options,
-        )(x, num_query_tokens=last_queries if i == num_layers - 1 else None)
+        )
+        queries = last_queries if i == num_layers - 1 else None
+        # The rotary tables only where there are some: a plain block's call
+        # is the one it always was.
+        if rope is None:
+            x = block(x, num_query_tokens=queries)
+        else:
+            x = block(x, num_query_tokens=queries, rope=rope)
     return x
 
 
@@ -310,14 +373,19 @@ def _norm_pool_and_head(
     qkv_bias,
     layer_norm_epsilon,
     classifier_activation,
+    norm_type="layernorm",
+    final_norm=True,
 ):
     """The final LayerNorm (after pooling with `pool_norm`), pooling, optional
     pre-logits and the float32 head on the encoded tokens `x`; the pooled
     features when `include_top=False`, the normed tokens with no pooling."""
-    encoder_norm = keras.layers.LayerNormalization(
-        epsilon=layer_norm_epsilon, name="encoder_norm"
-    )
-    if not pool_norm:
+    encoder_norm = make_norm(norm_type, layer_norm_epsilon, "encoder_norm")
+    if not final_norm:
+        # timm's final_norm=False: the tokens go to pooling as they are.
+        encoder_norm = None
+        if pool_norm:
+            raise ValueError("`pool_norm=True` needs `final_norm=True`.")
+    if not pool_norm and encoder_norm is not None:
         x = encoder_norm(x)
     if pooling is None:
         return x
@@ -417,7 +485,18 @@ def ViT(
             (gradient checkpointing of every block: training keeps only each
             block's branch inputs and recomputes the rest in the backward
             pass; needs `dropout_rate=0` and `attention_dropout_rate=0`, see
-            `TransformerBlock`).
+            `TransformerBlock`); the options of the newer families:
+            `norm_type` (`"layernorm"`, or `"rmsnorm"` everywhere, AIMv2), `norm_pre` (a norm on the embedded tokens
+            before the first block, CLIP), `final_norm` (False: no norm
+            after the last block), `embed_norm` (a norm on the projected
+            patches, AIMv2), `qk_norm`, `proj_bias` (False: no bias in the
+            attention output projection and the MLP), `mlp_activation`
+            (`"gelu"`, `"gelu_tanh"`, `"quick_gelu"`, `"silu"`), `gated_mlp`
+            (SwiGLU with `"silu"`), `mlp_norm` (a norm inside the MLP,
+            EVA-02), `position_embedding="none"` (no absolute table),
+            `rope` (None, or the `RotaryEmbedding` options as a dict:
+            2-D rotary position embedding on the patch tokens' queries and
+            keys in every block, `keras_vit.models.rope`).
 
     Returns:
         A `keras.Model` from images `(batch, height, width, num_channels)` to

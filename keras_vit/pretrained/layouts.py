@@ -159,13 +159,9 @@ def model_name(label, default: str) -> str:
 # tensors it could not place.
 UNSUPPORTED_FEATURES = {
     "timm": (
-        (r"\.(q|k)_norm\.", "QK-norm (LayerNorm on queries and keys)"),
-        (r"mlp\.(fc1_g|fc1_x|w12|w3)\.", "SwiGLU / gated MLP"),
-        (r"mlp\.norm\.", "LayerNorm inside the MLP (scale_mlp_norm)"),
+        (r"mlp\.(w12|w3)\.", "SwiGLU with w12 / w3 weights"),
         (r"attn\.norm\.", "LayerNorm before the attention projection"),
         (r"attn\.(q_bias|v_bias)$", "separate query / value biases (BEiT)"),
-        (r"^norm_pre\.", "LayerNorm before the encoder (norm_pre, CLIP)"),
-        (r"^patch_embed\.norm\.", "LayerNorm after the patch embedding"),
         (r"(^|\.)rope(\.|$)|freqs", "rotary position embedding (RoPE)"),
         (r"^attn_pool\.pos_embed", "position embedding inside the MAP head"),
         (r"relative_position", "relative position bias"),
@@ -194,6 +190,7 @@ def refuse_unsupported(tensors, layout: str) -> None:
         raise CheckpointError(
             f"This {layout} checkpoint uses {len(found)} feature(s) keras_vit's "
             f"ViT does not have: {listed}. Supported: class / distillation / "
-            "register tokens, learned or sin-cos position embedding, LayerScale, "
-            "GELU MLP, token / mean / MAP pooling, fc_norm, pre-logits."
+            "register tokens, learned, sin-cos or no position embedding, "
+            "LayerScale, GELU / quick-GELU / SwiGLU MLPs, QK-norm, LayerNorm or "
+            "RMSNorm, norm_pre, token / mean / MAP pooling, fc_norm, pre-logits."
         )

@@ -21,16 +21,20 @@ from keras_vit.pretrained.layouts import (
     position_rule,
     refuse_unsupported,
 )
+from keras_vit.pretrained.timm_eva import eva_plan
+from keras_vit.pretrained.timm_options import (
+    timm_arguments,
+    vision_transformer_options,
+)
 
 
 def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
-    args = dict(config.get("model_args") or {})
+    model_class, args = timm_arguments(config)
+    if model_class == "Eva":
+        return eva_plan(tensors, config, args, hints)
     refuse_unsupported(tensors, "timm")
-    if args.get("act_layer") not in (None, "gelu"):
-        raise CheckpointError(
-            f"timm act_layer={args['act_layer']!r} is not supported; keras_vit's "
-            "MLP uses exact GELU."
-        )
+    options = vision_transformer_options(args)
+    gate_last = options.pop("gate_last")
     builder, kwargs, stride = _patch_embedding(tensors)
     num_layers = count_indexed(tensors, r"blocks\.(\d+)\.norm1\.weight$")
     if not num_layers:
@@ -45,6 +49,7 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     num_classes = tensors["head.weight"].shape[0] if "head.weight" in tensors else 0
     grid, covered = _grid(tensors, config, args, hints, embedded + registers, stride)
     hidden = kwargs.pop("hidden_dim")
+    kwargs.update(options)
     kwargs.update(
         variant="Ti",
         name=model_name(config.get("architecture"), "timm_vit"),
@@ -53,7 +58,7 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         hidden_dim=hidden,
         num_layers=num_layers,
         num_heads=infer_heads(hidden, args.get("num_heads"), hints.get("num_heads")),
-        mlp_dim=int(tensors["blocks.0.mlp.fc1.weight"].shape[0]),
+        mlp_dim=int(tensors["blocks.0.mlp.fc2.weight"].shape[1]),
         pooling={"token": "token", "avg": "gap", "map": "map"}.get(pool),
         num_register_tokens=int(registers),
         class_token=class_token,
@@ -61,7 +66,6 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         pool_norm=fc_norm,
         qkv_bias="blocks.0.attn.qkv.bias" in tensors,
         layer_scale_init=1e-5 if "blocks.0.ls1.gamma" in tensors else None,
-        layer_norm_epsilon=1e-6,
         pool_include_prefix=include_prefix,
         # `resample_abs_pos_embed`: torch's antialiased bicubic.
         position_resample="timm",
@@ -71,17 +75,34 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         kwargs.update(pooling=None, include_top=False, pool_norm=False)
     plan = Plan(builder, kwargs, grid, stride, num_classes)
     plan.add("patch_encoder/projection/kernel", "patch_embed.proj.weight", patch_kernel)
-    plan.add("patch_encoder/projection/bias", "patch_embed.proj.bias")
+    if "patch_embed.proj.bias" in tensors:
+        plan.add("patch_encoder/projection/bias", "patch_embed.proj.bias")
+    else:
+        # CLIP's patch embedding has no bias: a zero one is the same.
+        plan.add(
+            "patch_encoder/projection/bias",
+            "patch_embed.proj.weight",
+            lambda w: np.zeros(w.shape[:1], w.dtype),
+        )
+    norm = options["norm_type"]
+    if options.get("embed_norm"):
+        add_norm(plan, "patch_encoder/embed_norm", "patch_embed.norm", norm)
+    if options["norm_pre"]:
+        add_norm(plan, "norm_pre", "norm_pre", norm)
     if class_token:
         plan.add("patch_encoder/cls_token", "cls_token")
     if distilled:
         plan.add("patch_encoder/dist_token", "dist_token")
-    _add_positions(plan, covered, embedded, registers)
+    if options["position_embedding"] == "learned":
+        _add_positions(plan, covered, embedded, registers)
+    elif registers:
+        plan.add("patch_encoder/register_tokens", "reg_token")
     for i in range(num_layers):
-        _add_block(plan, tensors, i, kwargs["layer_scale_init"] is not None)
+        _add_block(plan, tensors, i, kwargs, gate_last)
     if pool == "map":
         _add_map_head(plan, tensors, kwargs["mlp_dim"])
-    add_layer_norm(plan, "encoder_norm", "fc_norm" if fc_norm else "norm")
+    if options["final_norm"]:
+        add_norm(plan, "encoder_norm", "fc_norm" if fc_norm else "norm", norm)
     for head in ("head", "head_dist"):
         if f"{head}.weight" in tensors:
             add_torch_linear(plan, head, head)
@@ -164,28 +185,81 @@ def _grid(tensors, config, args, hints, prefix: int, stride: int):
     size = image_hw(tuple(size) if isinstance(size, list) else size) if size else None
     tokens = tensors["pos_embed"].shape[1] if "pos_embed" in tensors else None
     if tokens is None:
-        raise CheckpointError("timm checkpoint without pos_embed is not supported.")
+        if args.get("pos_embed") != "none":
+            raise CheckpointError(
+                "timm checkpoint without pos_embed, and its config does not say "
+                "pos_embed='none'."
+            )
+        if size is None:
+            raise CheckpointError(
+                "timm checkpoint without pos_embed and without an image size in "
+                "its config; pass image_size= of the checkpoint."
+            )
+        return (size[0] // stride, size[1] // stride), False
     grid, covered = infer_grid(tokens, prefix, size, stride, hints.get("image_size"))
     if not covered and args.get("no_embed_class") is False:
         raise CheckpointError("pos_embed size contradicts no_embed_class=False.")
     return grid, covered
 
 
-def _add_block(plan: Plan, tensors: dict, i: int, layer_scale: bool) -> None:
+def add_norm(plan: Plan, target: str, source: str, norm_type: str) -> None:
+    """A LayerNorm's scale and offset, or an RMSNorm's scale."""
+    if norm_type == "rmsnorm":
+        plan.add(f"{target}/gamma", f"{source}.weight")
+    else:
+        add_layer_norm(plan, target, source)
+
+
+def _add_block(plan: Plan, tensors: dict, i: int, kwargs: dict, gate_last: bool):
     src, dst = f"blocks.{i}.", f"block_{i}/"
-    add_layer_norm(plan, dst + "norm1", src + "norm1")
-    add_layer_norm(plan, dst + "norm2", src + "norm2")
-    for a, b in (
-        ("attn.qkv", "attention/qkv"),
-        ("attn.proj", "attention/proj"),
-        ("mlp.fc1", "mlp/fc1"),
-        ("mlp.fc2", "mlp/fc2"),
-    ):
-        bias = f"{src}{a}.bias" in tensors or a != "attn.qkv"
-        add_torch_linear(plan, dst + b, src + a, bias=bias)
-    if layer_scale:
+    norm = kwargs["norm_type"]
+    add_norm(plan, dst + "norm1", src + "norm1", norm)
+    add_norm(plan, dst + "norm2", src + "norm2", norm)
+    if kwargs["qk_norm"]:
+        add_norm(plan, dst + "attention/q_norm", src + "attn.q_norm", norm)
+        add_norm(plan, dst + "attention/k_norm", src + "attn.k_norm", norm)
+    if kwargs["mlp_norm"]:
+        add_norm(plan, dst + "mlp/norm", src + "mlp.norm", norm)
+    bias = kwargs["proj_bias"]
+    add_torch_linear(
+        plan, dst + "attention/qkv", src + "attn.qkv", f"{src}attn.qkv.bias" in tensors
+    )
+    add_torch_linear(plan, dst + "attention/proj", src + "attn.proj", bias)
+    add_torch_linear(plan, dst + "mlp/fc2", src + "mlp.fc2", bias)
+    if f"{src}mlp.fc1_g.weight" in tensors:
+        # timm's SwiGLU: gate and value projections, packed gate first.
+        for part, index in (("kernel", "weight"), ("bias", "bias")):
+            if part == "bias" and not bias:
+                continue
+            names = (f"{src}mlp.fc1_g.{index}", f"{src}mlp.fc1_x.{index}")
+            plan.add(f"{dst}mlp/fc1/{part}", names, _packed(part == "kernel"))
+    elif gate_last:
+        # GluMlp(gate_last=True) gates with the second half: swap the halves.
+        plan.add(f"{dst}mlp/fc1/kernel", f"{src}mlp.fc1.weight", _swapped(True))
+        if bias:
+            plan.add(f"{dst}mlp/fc1/bias", f"{src}mlp.fc1.bias", _swapped(False))
+    else:
+        add_torch_linear(plan, dst + "mlp/fc1", src + "mlp.fc1", bias)
+    if kwargs["layer_scale_init"] is not None:
         plan.add(f"{dst}layer_scale1/gamma", f"{src}ls1.gamma")
         plan.add(f"{dst}layer_scale2/gamma", f"{src}ls2.gamma")
+
+
+def _packed(kernel: bool):
+    def fn(gate, value):
+        both = np.concatenate([gate, value], axis=0)
+        return linear_kernel(both) if kernel else both
+
+    return fn
+
+
+def _swapped(kernel: bool):
+    def fn(w):
+        half = w.shape[0] // 2
+        w = np.concatenate([w[half:], w[:half]], axis=0)
+        return linear_kernel(w) if kernel else w
+
+    return fn
 
 
 def _add_resnet_stem(plan: Plan, tensors: dict, stages: tuple[int, ...]) -> None:

@@ -1,0 +1,203 @@
+"""What a timm ViT checkpoint's forward pass is, from its `config.json`.
+
+timm writes only the arguments given to `timm.create_model` into a
+checkpoint's `model_args`; the rest come from the registered architecture
+(`vit_small_patch14_dinov2` means 14-pixel patches, LayerScale, ...).
+`timm_architectures.json` holds every `vision_transformer.py` and `eva.py`
+architecture's registered arguments as timm 1.0.31 defines them (written by
+scripts/make_family_fixtures.py); the checkpoint's own `model_args` win.
+Every argument is either mapped onto a keras_vit builder option, known to
+change nothing at inference, or refused by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from keras_vit.errors import CheckpointError
+
+TABLE = Path(__file__).with_name("timm_architectures.json")
+
+# Arguments that do not change the inference forward pass (or that the
+# tensors and the rest of the converter read: shapes, tokens, pooling).
+NEUTRAL = {
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "num_classes",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "mlp_ratio",
+    "qkv_bias",
+    "class_token",
+    "reg_tokens",
+    "no_embed_class",
+    "init_values",
+    "global_pool",
+    "fc_norm",
+    "dynamic_img_size",
+    "dynamic_img_pad",
+    "drop_rate",
+    "pos_drop_rate",
+    "patch_drop_rate",
+    "proj_drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+    "weight_init",
+    "fix_init",
+    # Read by the MAP pooling (pooling.py's owner).
+    "pool_include_prefix",
+}
+ACTIVATIONS = {
+    None: "gelu",
+    "gelu": "gelu",
+    "GELU": "gelu",
+    "gelu_tanh": "gelu_tanh",
+    "GELUTanh": "gelu_tanh",
+    "quick_gelu": "quick_gelu",
+    "QuickGELU": "quick_gelu",
+    "silu": "silu",
+    "swish": "silu",
+    "SiLU": "silu",
+}
+NORMS = {
+    "LayerNorm": "layernorm",
+    "layernorm": "layernorm",
+    "RmsNorm": "rmsnorm",
+    "rmsnorm": "rmsnorm",
+}
+DEFAULTS = {"block_fn": "Block", "attn_layer": "Attention", "embed_layer": "PatchEmbed"}
+
+
+@functools.cache
+def architectures() -> dict:
+    return json.loads(TABLE.read_text())
+
+
+def timm_arguments(config: dict) -> tuple[str | None, dict]:
+    """`(timm model class, arguments)`: the registered architecture's
+    arguments updated by the checkpoint's `model_args`. An architecture the
+    table does not hold (a hybrid, a custom name) has the checkpoint's
+    arguments only, with timm's class defaults for the rest."""
+    name = config.get("architecture")
+    entry = architectures().get(name) if isinstance(name, str) else None
+    args = dict(entry["model_args"]) if entry else {}
+    args.update(config.get("model_args") or {})
+    return (entry["class"] if entry else None), args
+
+
+def _norm(spec, default_eps: float, what: str) -> tuple[str, float]:
+    if spec is None:
+        return "layernorm", default_eps
+    layer, eps = spec, default_eps
+    if isinstance(spec, dict):
+        extra = set(spec) - {"layer", "eps"}
+        if extra:
+            raise CheckpointError(
+                f"timm {what}={spec!r} has arguments keras_vit does not read: "
+                f"{sorted(extra)}."
+            )
+        layer, eps = spec.get("layer"), float(spec.get("eps", 1e-6))
+    if layer not in NORMS:
+        raise CheckpointError(
+            f"timm {what}={spec!r} is not supported; keras_vit has LayerNorm and "
+            "RmsNorm."
+        )
+    return NORMS[layer], eps
+
+
+def activation(args: dict) -> str:
+    act = args.get("act_layer")
+    if act not in ACTIVATIONS:
+        raise CheckpointError(
+            f"timm act_layer={act!r} is not supported; valid: "
+            f"{sorted(k for k in ACTIVATIONS if k)}."
+        )
+    return ACTIVATIONS[act]
+
+
+def _mlp(args: dict) -> dict:
+    """`gated_mlp` and whether the packed gate is the second half."""
+    layer = args.get("mlp_layer")
+    if layer in (None, "Mlp"):
+        return {"gated_mlp": False, "gate_last": False}
+    if layer == "SwiGLU":
+        return {"gated_mlp": True, "gate_last": False}
+    if isinstance(layer, dict) and layer.get("layer") in ("GluMlp", "SwiGLUPacked"):
+        extra = set(layer) - {"layer", "act_layer", "gate_last"}
+        if extra:
+            raise CheckpointError(
+                f"timm mlp_layer={layer!r} has arguments keras_vit does not read: "
+                f"{sorted(extra)}."
+            )
+        gate_last = bool(layer.get("gate_last", layer["layer"] == "GluMlp"))
+        return {"gated_mlp": True, "gate_last": gate_last}
+    raise CheckpointError(
+        f"timm mlp_layer={layer!r} is not supported; valid: Mlp, SwiGLU, "
+        "SwiGLUPacked (GluMlp)."
+    )
+
+
+def vision_transformer_options(args: dict) -> dict:
+    """keras_vit builder options for timm `VisionTransformer` arguments;
+    refuses every argument it cannot reproduce, by name."""
+    known = NEUTRAL | {
+        "act_layer",
+        "mlp_layer",
+        "norm_layer",
+        "embed_norm_layer",
+        "pre_norm",
+        "final_norm",
+        "qk_norm",
+        "scale_mlp_norm",
+        "scale_attn_norm",
+        "proj_bias",
+        "pos_embed",
+        *DEFAULTS,
+    }
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise CheckpointError(
+            f"timm VisionTransformer argument(s) {unknown} are not supported by "
+            "keras_vit's converter."
+        )
+    for key, default in DEFAULTS.items():
+        if args.get(key, default) != default:
+            raise CheckpointError(
+                f"timm {key}={args[key]!r} is not supported; keras_vit has "
+                f"timm's {default} only."
+            )
+    if args.get("scale_attn_norm"):
+        raise CheckpointError("timm scale_attn_norm=True is not supported.")
+    pos = args.get("pos_embed", "learn")
+    if pos not in ("learn", "none"):
+        raise CheckpointError(
+            f"timm pos_embed={pos!r} is not supported; valid: 'learn', 'none'."
+        )
+    norm_type, eps = _norm(args.get("norm_layer"), 1e-6, "norm_layer")
+    options = dict(
+        norm_type=norm_type,
+        layer_norm_epsilon=eps,
+        mlp_activation=activation(args),
+        norm_pre=bool(args.get("pre_norm", False)),
+        final_norm=bool(args.get("final_norm", True)),
+        qk_norm=bool(args.get("qk_norm", False)),
+        mlp_norm=bool(args.get("scale_mlp_norm", False)),
+        proj_bias=bool(args.get("proj_bias", True)),
+        position_embedding="learned" if pos == "learn" else "none",
+        **_mlp(args),
+    )
+    if args.get("embed_norm_layer") is not None:
+        embed_type, embed_eps = _norm(
+            args["embed_norm_layer"], 1e-6, "embed_norm_layer"
+        )
+        if (embed_type, embed_eps) != (norm_type, eps):
+            raise CheckpointError(
+                f"timm embed_norm_layer={args['embed_norm_layer']!r} differs from "
+                f"norm_layer={args.get('norm_layer')!r}; keras_vit uses one norm."
+            )
+        options["embed_norm"] = True
+    return options
