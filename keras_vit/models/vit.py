@@ -486,8 +486,9 @@ def ViT(
             block's branch inputs and recomputes the rest in the backward
             pass; needs `dropout_rate=0` and `attention_dropout_rate=0`, see
             `TransformerBlock`); the options of the newer families:
-            `norm_type` (`"layernorm"`, or `"rmsnorm"` everywhere, AIMv2), `norm_pre` (a norm on the embedded tokens
-            before the first block, CLIP), `final_norm` (False: no norm
+            `norm_type` (`"layernorm"`, or `"rmsnorm"` everywhere, AIMv2),
+            `norm_pre` (a norm on the embedded tokens before the first
+            block, CLIP), `final_norm` (False: no norm
             after the last block), `embed_norm` (a norm on the projected
             patches, AIMv2), `qk_norm`, `proj_bias` (False: no bias in the
             attention output projection and the MLP), `mlp_activation`
