@@ -161,6 +161,7 @@ def environment() -> dict:
 
 
 def run(args) -> dict:
+    started = environment()
     pythons = {p: interpreter(p, args.venvs) for p in args.peers}
     cases = [
         (size, batch, mode, peer, setting)
@@ -212,7 +213,7 @@ def run(args) -> dict:
         "num_layers": args.num_layers or None,
         "rounds": args.rounds,
         "steps": args.steps,
-        "environment": {**environment(), "load_average_end": os.getloadavg()},
+        "environment": {**started, "load_average_end": os.getloadavg()},
         "results": results,
         "best": best_table(results),
     }
