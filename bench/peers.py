@@ -204,6 +204,10 @@ def run(args) -> dict:
                 "peak_rss_mib": max((r["peak_rss_mib"] or 0) for r in ok)
                 if ok
                 else None,
+                # Peak minus the RSS with the model built (peer_worker.py).
+                "step_memory_mib": max(r["step_memory_mib"] for r in ok)
+                if ok
+                else None,
                 "errors": [r["error"] for r in rounds[i] if "error" in r],
                 "versions": ok[0]["versions"] if ok else None,
             }
