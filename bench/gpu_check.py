@@ -171,6 +171,9 @@ def train_run(args, strategy, precision, remat, steps, batches):
     model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[callback])
     seconds = time.perf_counter() - start
     keras.mixed_precision.set_global_policy("float32")
+    # Free this model before the next one is built and measured.
+    del model, optimizer
+    keras.backend.clear_session()
     return steps * global_batch(args, strategy) / seconds, losses
 
 

@@ -161,6 +161,7 @@ def environment() -> dict:
 
 
 def run(args) -> dict:
+    started = environment()
     pythons = {p: interpreter(p, args.venvs) for p in args.peers}
     cases = [
         (size, batch, mode, peer, setting)
@@ -203,6 +204,10 @@ def run(args) -> dict:
                 "peak_rss_mib": max((r["peak_rss_mib"] or 0) for r in ok)
                 if ok
                 else None,
+                # Peak minus the RSS with the model built (peer_worker.py).
+                "step_memory_mib": max(r["step_memory_mib"] for r in ok)
+                if ok
+                else None,
                 "errors": [r["error"] for r in rounds[i] if "error" in r],
                 "versions": ok[0]["versions"] if ok else None,
             }
@@ -212,7 +217,7 @@ def run(args) -> dict:
         "num_layers": args.num_layers or None,
         "rounds": args.rounds,
         "steps": args.steps,
-        "environment": {**environment(), "load_average_end": os.getloadavg()},
+        "environment": {**started, "load_average_end": os.getloadavg()},
         "results": results,
         "best": best_table(results),
     }
