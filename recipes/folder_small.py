@@ -20,9 +20,11 @@ lists every key. To start from pretrained weights instead (better below a
 few hundred images a class), see the fine-tuning guide (docs/finetuning.md).
 
 Measured on a folder cut from scikit-learn's two bundled photos (china.jpg,
-flower.jpg; 300 random crops for training and 100 held out, 2 classes),
-seed 0, 400 steps: see tests/test_user_path.py and docs/training.md for
-the command; the held-out accuracy is in docs/training.md.
+flower.jpg; 150 random crops of each for training, 50 of each held out, as
+tests/test_user_path.py cuts them), seed 0, 400 steps: 1.0000 held out (from
+0.9900 at step 100), in 91 CPU-seconds. Two photos of different colours are
+easy to tell apart: this shows that the recipe learns from a few hundred
+images on a CPU, not what it reaches on harder data.
 """
 
 from keras_vit.training.config import DataConfig, ModelConfig, OptimConfig, TrainConfig

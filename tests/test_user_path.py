@@ -10,8 +10,10 @@ recipe given as a path. Each must work, or refuse in one line that names
 what to install with the right distribution name (`keras-vit-tf`, never the
 unrelated `keras-vit`).
 
-Wall time on a 2-core machine with pip's cache warm: about 4 minutes (the
-install about 1 of them); the first run downloads TensorFlow (~250 MB).
+Measured on a shared 2-core machine (load average 4-6): 463 s in all, of
+which 180 s are the venv, the install and the smoke run of the main job;
+pip's cache (or a local index) keeps the install short, a first run
+downloads TensorFlow (~250 MB).
 """
 
 import os
