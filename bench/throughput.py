@@ -555,6 +555,9 @@ def run(args: argparse.Namespace) -> dict:
         (args.batch_size,), maxval=args.num_classes, dtype=tf.int32
     )
     jit_settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.jit]
+    if args.auto_check:
+        # The automatic choice is compared with every setting it can pick.
+        jit_settings = (True, False)
     memory = tf_memory_probes()
     builders = {"keras_vit": build_keras_vit, "keras_hub": build_keras_hub}
     contestants, skipped, params = [], {}, {}

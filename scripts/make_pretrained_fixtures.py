@@ -5,7 +5,7 @@ Same environment and rules as `scripts/make_fixtures.py` (torch, timm and
 transformers in a virtual environment outside the project; every parameter
 seeded random):
 
-    /work/venv-timm/bin/python scripts/make_pretrained_fixtures.py [NAME ...]
+    <torch-venv>/bin/python scripts/make_pretrained_fixtures.py [NAME ...]
 
 Fixtures:
 

@@ -59,10 +59,7 @@ def test_top_level_help_lists_every_subcommand(capsys):
         (["info", "missing.keras"], "model 'missing.keras' does not exist"),
         (["info", "Q/16"], "Unknown ViT variant 'Q/16'; valid sizes are Ti, S, B"),
         (["info", "B/16", "--bogus"], "unrecognized arguments: --bogus"),
-        (
-            ["info", "B/16", "--image-size", "big"],
-            "argument --image-size: 'big' is not an integer",
-        ),
+        (["info", "B/16", "--image-size", "big"], "argument --image-size: invalid int"),
         (["visualize"], "the following arguments are required: model, image"),
         (["train", "no_such_recipe"], "No recipe 'no_such_recipe'; valid recipes"),
         (["train", "--optim.learning_rate", "fast"], "must be a float, got 'fast'"),

