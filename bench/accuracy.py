@@ -354,6 +354,11 @@ def _seconds(row: dict) -> str:
     return f"{row['train_seconds']:.0f} ({row['train_cpu_seconds']:.0f})"
 
 
+# Overrides every run gets (the seed has its own column; no export and no
+# intermediate evaluation change no result): the table shows the rest.
+NOT_IN_TABLE = ("smoke", "seed", "export_name", "eval_every")
+
+
 def table(report: dict) -> str:
     """The markdown table of one data set's report."""
     where = ", ".join(v for v in (report.get("cpu"), report["machine"]) if v)
@@ -369,7 +374,9 @@ def table(report: dict) -> str:
         recipe = f"`{row['recipe']}`" if row.get("recipe") else "-"
         if row.get("overrides"):
             recipe += " " + " ".join(
-                f"`{k}={v}`" for k, v in row["overrides"].items() if k != "smoke"
+                f"`{k}={v}`"
+                for k, v in row["overrides"].items()
+                if k not in NOT_IN_TABLE
             )
         macs = f"{row['macs'] / 1e6:.1f}M" if row.get("macs") else "-"
         lines.append(
