@@ -182,7 +182,7 @@ def test_accuracy_bench_quick_writes_every_row(tmp_path):
         assert 0.0 <= row["accuracy_min"] <= row["accuracy_mean"] <= 1.0
         assert row["parameters"] > 0
         assert (tmp_path / "runs" / "digits").is_dir()
-    assert "| small CNN (keras.layers), the teacher | `digits_cnn` |" in proc.stdout
+    assert "| small CNN (keras.layers), the teacher | `digits_cnn`" in proc.stdout
     # A second call with --only-finished trains nothing: it reads the same
     # runs back from $ACCURACY_RUNS (the config stored by each run matches).
     _, again = _quick_accuracy_bench(
