@@ -159,3 +159,35 @@ def test_pretrained_keras_file_of_another_architecture_is_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="does not fit the recipe's model: layer 'pa"):
         training.build_model(mismatched, num_classes=10)
+
+
+def test_hybrid_stem_starts_from_the_cnn_of_the_same_widths(tmp_path):
+    """A hybrid's 'cnn' stem names its layers as SmallCNN does, so a trained
+    CNN's stages initialise it; its head (another width) stays fresh."""
+    cnn = load_recipe("mnist5k_cnn", {"smoke": "true"})
+    source = training.build_model(cnn, num_classes=10)
+    for layer in source.layers:  # distinct from a fresh model's initial values
+        layer.set_weights([w + 0.25 for w in layer.get_weights()])
+    source.save(tmp_path / "cnn.keras")
+    hybrid = load_recipe(
+        "mnist5k_hybrid",
+        {"smoke": "true", "model.pretrained": str(tmp_path / "cnn.keras")},
+    )
+    model = training.build_model(hybrid, num_classes=10)
+    for name in ("stage0_conv0", "stage1_norm1", "stage2_conv1"):
+        for got, want in zip(model.get_layer(name).weights, source.get_layer(name).weights):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert model.get_layer("head").kernel.shape != source.get_layer("head").kernel.shape
+    # The same file under a plain ViT shares nothing: refused, not ignored.
+    plain = load_recipe(
+        "mnist5k", {"smoke": "true", "model.pretrained": str(tmp_path / "cnn.keras")}
+    )
+    with pytest.raises(ValueError, match="shares no layer .* nothing to start from"):
+        training.build_model(plain, num_classes=10)
+    with pytest.raises(ValueError, match="converts to a plain ViT"):
+        training.build_model(
+            load_recipe(
+                "mnist5k_hybrid", {"smoke": "true", "model.pretrained": "x.safetensors"}
+            ),
+            num_classes=10,
+        )

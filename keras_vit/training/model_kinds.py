@@ -19,12 +19,16 @@ def build_kind(config: TrainConfig, num_classes: int, image_size: int) -> keras.
     SmallCNN's stages `model.cnn_widths` (`"cnn"`), and the transformer of
     `model.variant` / `hidden_dim` / ... (with DeiT's distillation token when
     `model.distilled`); `"cnn"`: `SmallCNN(model.cnn_widths)` with
-    `model.dropout_rate` before its head."""
+    `model.dropout_rate` before its head. `model.pretrained` (a `.keras`
+    file: weights copied by layer name, e.g. a hybrid's stem from the SmallCNN
+    of the same `cnn_widths`) and `freeze_backbone` are the caller's
+    (`trainer.build_model`)."""
     m = config.model
-    if m.pretrained or m.freeze_backbone:
+    if m.pretrained and not m.pretrained.endswith(".keras"):
         raise ValueError(
-            f"model.pretrained and model.freeze_backbone apply to model.kind='vit', "
-            f"got kind={m.kind!r}."
+            f"model.pretrained {m.pretrained!r}: a timm / Hugging Face / big_vision "
+            f"checkpoint converts to a plain ViT (model.kind='vit'); a "
+            f"{m.kind!r} model starts from a .keras file only."
         )
     if m.distilled and m.kind == "cnn":
         raise ValueError(

@@ -46,7 +46,8 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
     `model.image_size`)."""
     m = config.model
     if m.kind != "vit":
-        return build_kind(config, num_classes, image_size or m.image_size)
+        model = build_kind(config, num_classes, image_size or m.image_size)
+        return _finish_model(model, m)
     options = {
         **m.architecture_overrides(),
         "representation_size": m.representation_size or None,
@@ -71,7 +72,15 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
         model = convert_checkpoint(
             m.pretrained, image_size=image_size or m.image_size, num_classes=num_classes
         )
-    elif m.pretrained:
+        return _finish_model(model, m, loaded=True)
+    return _finish_model(model, m)
+
+
+def _finish_model(model: keras.Model, m, loaded: bool = False) -> keras.Model:
+    """`model` with the `.keras` weights of `model.pretrained` copied in (when
+    not `loaded` from a checkpoint already), frozen and given LoRA adapters as
+    the config asks."""
+    if m.pretrained and not loaded:
         _load_pretrained(model, m.pretrained)
     if m.freeze_backbone:
         freeze_backbone(model)
@@ -90,6 +99,7 @@ def _load_pretrained(model: keras.Model, path: str) -> None:
     source = load_keras_file(path, compile=False)
     if tuple(source.input_shape[1:3]) != tuple(model.input_shape[1:3]):
         source = with_image_size(source, model.input_shape[1:3])
+    copied = 0
     for layer in model.layers:
         try:
             weights = source.get_layer(layer.name).get_weights()
@@ -97,12 +107,18 @@ def _load_pretrained(model: keras.Model, path: str) -> None:
             continue
         if [w.shape for w in weights] == [tuple(w.shape) for w in layer.weights]:
             layer.set_weights(weights)
+            copied += len(weights)
         elif layer.name not in HEAD_LAYERS:
             raise ValueError(
                 f"model.pretrained {path!r} does not fit the recipe's model: layer "
                 f"{layer.name!r} has other weight shapes; set model.variant, "
                 "hidden_dim, num_layers, ... to the checkpoint's."
             )
+    if not copied:
+        raise ValueError(
+            f"model.pretrained {path!r} shares no layer (by name and weight "
+            f"shapes) with the recipe's {model.name!r} model: nothing to start from."
+        )
 
 
 def _compile(model, config, strategy, start_step):
