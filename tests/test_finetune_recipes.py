@@ -191,3 +191,33 @@ def test_hybrid_stem_starts_from_the_cnn_of_the_same_widths(tmp_path):
             ),
             num_classes=10,
         )
+
+
+def test_layer_decay_applies_to_a_distilled_student(tmp_path):
+    """Under distillation the optimizer sees the Distiller: the decay follows
+    its student's blocks (the frozen teacher is not among the variables the
+    optimizer updates)."""
+    teacher_config = load_recipe("mnist5k_cnn", {"smoke": "true"})
+    teacher = training.build_model(teacher_config, num_classes=10)
+    teacher.save(tmp_path / "teacher.keras")
+    config = load_recipe(
+        "mnist5k_hybrid_deit",
+        {
+            "smoke": "true",
+            "distill.teacher": str(tmp_path / "teacher.keras"),
+            "optim.layer_decay": "0.5",
+        },
+    )
+    from keras_vit.training.distill import Distiller
+
+    student = training.build_model(config, num_classes=10)
+    distiller = Distiller(student, keras.models.load_model(tmp_path / "teacher.keras"))
+    optimizer = make_optimizer(config, distiller)
+    scales = optimizer.lr_multipliers
+    depth = config.model.num_layers
+    assert scales["head/kernel"] == 1.0
+    assert scales["block_0/attention/qkv/kernel"] == pytest.approx(0.5**depth)
+    assert scales["stage0_conv0/kernel"] == pytest.approx(0.5 ** (depth + 1))
+    optimizer.build(distiller.trainable_variables)
+    assert len(optimizer._scales) == len(student.trainable_variables)
+    assert min(optimizer._scales) == pytest.approx(0.5 ** (depth + 1))

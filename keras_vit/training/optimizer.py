@@ -42,7 +42,10 @@ def make_optimizer(config: TrainConfig, model: keras.Model, start_step: int = 0)
     optim = config.optim
     extra = {}
     if optim.layer_decay < 1.0:
-        extra["lr_multipliers"] = layer_decay_multipliers(model, optim.layer_decay)
+        # A Distiller trains its student's variables (same paths): the decay
+        # follows the student's blocks.
+        student = getattr(model, "student", model)
+        extra["lr_multipliers"] = layer_decay_multipliers(student, optim.layer_decay)
     optimizer = (LayerDecayAdamW if extra else keras.optimizers.AdamW)(
         **extra,
         learning_rate=learning_rate_schedule(config),
