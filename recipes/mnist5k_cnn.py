@@ -22,7 +22,7 @@ def get_config():
     return dataclasses.replace(
         config,
         name="mnist5k_cnn",
-        total_steps=1500,
+        total_steps=2400,
         eval_every=0,
         export_name="",
         model=dataclasses.replace(config.model, kind="cnn", cnn_widths=(32, 64, 128)),

@@ -7,13 +7,12 @@ The paper's ResNet entry (7x7 stride-2 convolution and pooling) is built for
     keras-vit train mnist5k_hybrid
     keras-vit train mnist5k_hybrid --smoke
 
-Measured (seed 0, 1,200 steps): 0.9790 held out, 476 CPU-seconds (3,019 s
-of wall time on a 2-core machine shared with a dozen other jobs); 605k
-parameters, 46M MACs an image. It overfits where the CNN alone does not:
-training accuracy 0.998 (augmented images) against 0.979 held out, while
-the CNN with the same stem reaches 0.999 / 0.990. Short of the 0.988 this
-recipe is meant for; stochastic depth and a stronger augmentation are the
-next things to measure.
+Against overfitting (the first version, class-token pooling with the
+mnist5k augmentation, reached 0.998 training accuracy and 0.979 held out):
+global average pooling of the 49 tokens, stochastic depth 0.1, and 1.6x the
+mnist5k warp (shifts of 10% of the side, 15 degrees, 15% zoom). Held-out
+figures over seeds, times and the machine: docs/small_data.md (generated
+from bench/results/accuracy_mnist5k.json).
 """
 
 import dataclasses
@@ -26,7 +25,7 @@ def get_config():
     return dataclasses.replace(
         config,
         name="mnist5k_hybrid",
-        total_steps=1200,
+        total_steps=2000,
         export_name="vit_mnist5k_hybrid",
         model=dataclasses.replace(
             config.model,
@@ -34,5 +33,10 @@ def get_config():
             stem_kind="cnn",
             cnn_widths=(32, 64, 128),
             patch_size=0,
+            pooling="gap",
+            drop_path_rate=0.1,
         ),
+        # Seed 0, 2,000 steps: 0.990 held out with this warp, 0.984 with the
+        # mnist5k one at 1,500 steps (training accuracy 0.998 there).
+        data=dataclasses.replace(config.data, translate=0.1, rotate=15.0, zoom=0.15),
     )

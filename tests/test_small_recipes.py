@@ -84,9 +84,10 @@ def test_every_small_data_recipe_trains_from_an_empty_folder(
         assert f"training recipe {teacher!r} into {run_dir / 'teacher'}" in out
         assert (run_dir / "teacher" / "model.keras").is_file()
         assert not (tmp_path / "runs" / teacher).exists()
-        assert json.loads((run_dir / "config.json").read_text())["distill"][
-            "teacher"
-        ] == str(run_dir / "teacher" / "model.keras")
+        stored = json.loads((run_dir / "config.json").read_text())
+        assert stored["distill"]["teacher"] == str(run_dir / "teacher" / "model.keras")
+        if load_recipe(name).model.pretrained:  # it starts from its teacher
+            assert stored["model"]["pretrained"] == stored["distill"]["teacher"]
 
 
 def test_distilled_models_predict_with_the_mean_of_both_heads():

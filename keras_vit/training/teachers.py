@@ -32,8 +32,10 @@ def prepare_teacher(config: TrainConfig, train_missing: bool = False) -> TrainCo
     """`config` unchanged when its teacher exists (or it has none); else, with
     `train_missing`, trains `distill.teacher_recipe` (seed and smoke mode as
     the recipe and the student have them), prints what it did and returns
-    `config` with `distill.teacher` at the new file; without it, a one-line
-    ValueError naming the recipe that makes the teacher."""
+    `config` with `distill.teacher` at the new file (and `model.pretrained`,
+    when the student starts from its teacher's weights: the same path);
+    without it, a one-line ValueError naming the recipe that makes the
+    teacher."""
     distill = config.distill
     if not distill.teacher or Path(distill.teacher).suffix != ".keras":
         return config
@@ -66,6 +68,9 @@ def prepare_teacher(config: TrainConfig, train_missing: bool = False) -> TrainCo
         f"accuracy {metadata['accuracy']:.4f} after {metadata['steps']} steps, "
         f"{metadata['train_seconds']:.0f} s; distill.teacher = {path}"
     )
+    model = config.model
+    if model.pretrained == distill.teacher:
+        model = dataclasses.replace(model, pretrained=str(path))
     return dataclasses.replace(
-        config, distill=dataclasses.replace(distill, teacher=str(path))
+        config, model=model, distill=dataclasses.replace(distill, teacher=str(path))
     )
