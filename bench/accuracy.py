@@ -6,8 +6,9 @@ distillation token taught by the CNN), the hybrid (a convolutional stem under
 the transformer) alone and distilled. Each Keras row is one recipe (its
 `recipe` key) run by the trainer over several seeds; the distilled rows use
 their recipe's teacher (`runs/mnist5k_cnn/model.keras`, one teacher, as in DeiT). Writes
-`bench/results/accuracy_<dataset>.json`; `--docs` then rewrites the table in
-docs/small_data.md between its markers from every such JSON.
+`bench/results/accuracy_<dataset>.json`; `--docs` then rewrites the tables in
+docs/small_data.md between its markers from every such JSON, and the README's
+short mnist5k table between its own.
 
     python bench/accuracy.py --dataset mnist5k
     python bench/accuracy.py --dataset mnist5k --rows deit --seeds 0 1 2
@@ -42,6 +43,10 @@ RESULTS = ROOT / "bench" / "results"
 DOCS = ROOT / "docs" / "small_data.md"
 TABLE_START = "<!-- accuracy table: bench/accuracy.py --docs -->"
 TABLE_END = "<!-- end of accuracy table -->"
+# The README's short table: the mnist5k rows only.
+README = ROOT / "README.md"
+README_START = "<!-- mnist5k accuracy: bench/accuracy.py --docs -->"
+README_END = "<!-- end of mnist5k accuracy -->"
 # The data set's own recipe: its data, augmentation and schedule.
 RECIPES = {"digits": "digits", "mnist5k": "mnist5k"}
 SPLITS = {
@@ -395,14 +400,48 @@ def docs_tables(results: Path = RESULTS) -> str:
     return "\n\n".join(table(r) for r in reports if not r["quick"])
 
 
-def update_docs(page: Path = DOCS, results: Path = RESULTS) -> None:
+def readme_table(report: dict) -> str:
+    """The README's view of one report: accuracy and time per row, the CPU
+    in the caption (docs/small_data.md has every column)."""
+    where = ", ".join(v for v in (report.get("cpu"), report["machine"]) if v)
+    lines = [
+        f"Held out on {report['dataset']} ({report['split']}), measured on "
+        f"{where} by `bench/accuracy.py`:",
+        "",
+        "| model | recipe | mean (min) over seeds | training s, wall (CPU-s) |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    for row in report["rows"]:
+        recipe = f"`{row['recipe']}`" if row.get("recipe") else "-"
+        seeds = ", ".join(map(str, row["seeds"]))
+        lines.append(
+            f"| {row['model']} | {recipe} | {row['accuracy_mean']:.4f} "
+            f"({row['accuracy_min']:.4f}; seeds {seeds}) | {_seconds(row)} |"
+        )
+    return "\n".join(lines)
+
+
+def readme_tables(results: Path = RESULTS) -> str:
+    path = results / "accuracy_mnist5k.json"
+    return readme_table(json.loads(path.read_text())) if path.is_file() else ""
+
+
+def _replace_between(page: Path, start: str, end: str, body: str) -> None:
     text = page.read_text(encoding="utf-8")
-    if TABLE_START not in text or TABLE_END not in text:
-        raise ValueError(f"{page} lacks the markers {TABLE_START!r} / {TABLE_END!r}.")
-    head, _, rest = text.partition(TABLE_START)
-    _, _, tail = rest.partition(TABLE_END)
-    body = docs_tables(results)
-    page.write_text(f"{head}{TABLE_START}\n{body}\n{TABLE_END}{tail}", "utf-8")
+    if start not in text or end not in text:
+        raise ValueError(f"{page} lacks the markers {start!r} / {end!r}.")
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    page.write_text(f"{head}{start}\n{body}\n{end}{tail}", "utf-8")
+
+
+def update_docs(
+    page: Path = DOCS, results: Path = RESULTS, readme: Path = README
+) -> None:
+    """docs/small_data.md's tables and the README's mnist5k table, from the
+    committed results."""
+    _replace_between(page, TABLE_START, TABLE_END, docs_tables(results))
+    _replace_between(readme, README_START, README_END, readme_tables(results))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -429,7 +468,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, help="default bench/results/...json")
     parser.add_argument(
-        "--docs", action="store_true", help="rewrite docs/small_data.md's table"
+        "--docs",
+        action="store_true",
+        help="rewrite docs/small_data.md's tables and the README's",
     )
     args = parser.parse_args(argv)
     if not args.dataset and not args.docs:

@@ -77,6 +77,27 @@ def teacher_for(recipe):
     return make
 
 
+def teacher_and_stem_for(recipe):
+    """A hybrid student whose stem starts from its teacher (`model.pretrained`
+    is `distill.teacher`): an untrained SmallCNN of the stem's widths."""
+
+    def make(tmp):
+        from keras_vit.models.cnn import SmallCNN
+
+        config = load_recipe(
+            recipe, {"smoke": "true", "distill.teacher": "", "model.pretrained": ""}
+        )
+        m = config.model
+        channels = config.data.num_channels
+        SmallCNN(m.image_size, 10, widths=m.cnn_widths, num_channels=channels).save(
+            tmp / "teacher.keras"
+        )
+        path = str(tmp / "teacher.keras")
+        return {"distill.teacher": path, "model.pretrained": path}
+
+    return make
+
+
 # What a recipe needs besides --smoke to run here (its data, its checkpoint).
 NEEDS = {
     "vit_ti16_imagefolder": lambda tmp: {"data.path": str(image_folder(tmp / "data"))},
@@ -88,7 +109,7 @@ NEEDS = {
     "qat_digits": pretrained_for("qat_digits"),
     "distill_digits": teacher_for("distill_digits"),
     "mnist5k_deit": teacher_for("mnist5k_deit"),
-    "mnist5k_hybrid_deit": teacher_for("mnist5k_hybrid_deit"),
+    "mnist5k_hybrid_deit": teacher_and_stem_for("mnist5k_hybrid_deit"),
 }
 
 

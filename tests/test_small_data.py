@@ -141,6 +141,15 @@ def test_docs_table_is_generated_from_the_committed_results():
     text = (REPO / "docs" / "small_data.md").read_text(encoding="utf-8")
     start = text.index(bench.TABLE_START) + len(bench.TABLE_START)
     assert text[start : text.index(bench.TABLE_END)].strip() == tables
+    # The README's short mnist5k table too, with its CPU and times.
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start = readme.index(bench.README_START) + len(bench.README_START)
+    short = bench.readme_tables()
+    assert readme[start : readme.index(bench.README_END)].strip() == short
+    report = json.loads((REPO / "bench/results/accuracy_mnist5k.json").read_text())
+    assert report["cpu"] in short and "training s, wall (CPU-s)" in short
+    for row in report["rows"]:
+        assert f"| {row['model']} |" in short
 
 
 def _quick_accuracy_bench(tmp_path, out, *args):
