@@ -110,12 +110,17 @@ FIXTURE_MODELS = {
         ),
         "logits",
     ),
+    "dinov2_reg": (
+        lambda: _dinov2_reg("Dinov2WithRegistersModel", layer_norm_eps=1e-5),
+        "pooler_output",
+    ),
     "siglip_vision": (lambda: _vision("Siglip", "SiglipVisionModel"), "pooler_output"),
     "siglip_cls": (
         lambda: _two_tower("Siglip", "SiglipForImageClassification", num_labels=5),
         "logits",
     ),
     "siglip_model": (lambda: _two_tower("Siglip", "SiglipModel"), "image_features"),
+    "clip_vision": (lambda: _vision("CLIP", "CLIPVisionModel"), "pooler_output"),
     "clip_projection": (
         lambda: _vision("CLIP", "CLIPVisionModelWithProjection", projection_dim=24),
         "image_embeds",

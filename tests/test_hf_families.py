@@ -53,11 +53,13 @@ def test_every_class_the_converter_reads_has_a_fixture():
     assert classes == {
         "Dinov2Model",
         "Dinov2ForImageClassification",
+        "Dinov2WithRegistersModel",
         "Dinov2WithRegistersForImageClassification",
         "DINOv3ViTModel",
         "SiglipVisionModel",
         "SiglipForImageClassification",
         "SiglipModel",
+        "CLIPVisionModel",
         "CLIPVisionModelWithProjection",
         "CLIPForImageClassification",
         "CLIPModel",
@@ -107,6 +109,10 @@ def test_with_image_size_uses_the_recorded_kernel(name, kernel):
     expected = data[f"logits_{key}"]
     missed = np.max(np.abs(np.asarray(other(data[f"images_{key}"])) - expected))
     assert missed > parity_bound(expected, PARITY)
+    # A dynamic-size model resamples in the graph with the same kernel.
+    dynamic = convert_checkpoint(folder(name), dynamic_size=True)
+    for size in sizes(folder(name)):
+        check(dynamic, folder(name), size, f"{name} dynamic at {size}")
 
 
 def test_dinov2_classifier_reads_class_token_and_patch_mean():
