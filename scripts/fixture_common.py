@@ -1,5 +1,6 @@
-"""Helpers shared by the fixture scripts (scripts/make_fixtures.py and
-scripts/fixtures_whole.py): seeded random tensors, their digest, test
+"""Helpers shared by the fixture scripts (scripts/make_fixtures.py,
+scripts/fixtures_whole.py, scripts/make_family_fixtures.py and
+scripts/make_hf_family_fixtures.py): seeded random tensors, their digest, test
 images, and the parity file. numpy alone, except the torch helpers, which
 import torch when called; tests/test_weights.py loads this file to rebuild a
 fixture's tensors without torch."""
@@ -54,6 +55,33 @@ def randomize(model, seed: int) -> None:
     state = model.state_dict()
     values = random_state_dict([(k, tuple(v.shape)) for k, v in state.items()], seed)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in values.items()})
+
+
+def randomize_scaled(model, seed: int, scales=("gamma",)) -> None:
+    """Weights scaled by fan-in (activations of order 1), biases, tokens and
+    position tables of order 0.1-0.5, norm scales (and tensors ending in
+    one of `scales`: LayerScale) around 1, so that every nonlinearity works
+    away from zero and a wrong activation or norm shows in the outputs."""
+    import torch
+
+    rs = np.random.RandomState(seed)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        shape = tuple(tensor.shape)
+        if not tensor.is_floating_point():  # index buffers (position_ids)
+            state[name] = tensor
+            continue
+        values = rs.standard_normal(shape)
+        if tensor.ndim >= 2 and not name.endswith(("_token", "pos_embed", "latent")):
+            values = values / np.sqrt(np.prod(shape[1:]))
+        elif "norm" in name and name.endswith("weight") or name.endswith(scales):
+            values = 1.0 + 0.1 * values
+        elif tensor.ndim >= 2:
+            values = 0.5 * values
+        else:
+            values = 0.1 * values
+        state[name] = torch.from_numpy(np.asarray(values, dtype="float32"))
+    model.load_state_dict(state)
 
 
 def torch_logits(model, x_nhwc: np.ndarray) -> np.ndarray:

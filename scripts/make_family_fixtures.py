@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from fixture_common import randomize_scaled
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -151,28 +152,6 @@ def registered_arguments() -> dict:
     return table
 
 
-def randomize(model, seed: int) -> None:
-    """Weights scaled by fan-in (activations of order 1), biases, tokens and
-    position tables of order 0.1-0.5, norm scales around 1."""
-    import torch
-
-    rs = np.random.RandomState(seed)
-    state = {}
-    for name, tensor in model.state_dict().items():
-        shape = tuple(tensor.shape)
-        values = rs.standard_normal(shape)
-        if tensor.ndim >= 2 and not name.endswith(("_token", "pos_embed", "latent")):
-            values = values / np.sqrt(np.prod(shape[1:]))
-        elif "norm" in name and name.endswith("weight") or name.endswith("gamma"):
-            values = 1.0 + 0.1 * values
-        elif tensor.ndim >= 2:
-            values = 0.5 * values
-        else:
-            values = 0.1 * values
-        state[name] = torch.from_numpy(values.astype("float32"))
-    model.load_state_dict(state)
-
-
 def write_family(family: str, table: dict) -> None:
     import timm
     import torch
@@ -180,7 +159,7 @@ def write_family(family: str, table: dict) -> None:
 
     architecture, args, sizes = FAMILIES[family]
     model = timm.create_model(architecture, dynamic_img_size=True, **args)
-    randomize(model, seed=sum(map(ord, family)))
+    randomize_scaled(model, seed=sum(map(ord, family)))
     model.eval()
     folder = FIXTURES / f"family_{family}"
     folder.mkdir(parents=True, exist_ok=True)

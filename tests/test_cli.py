@@ -395,6 +395,9 @@ TINY["mlp_dim"] = 64
         dict(distilled=True, representation_size=24),
         dict(patch_norm=True, qkv_bias=False, layer_scale_init=1e-5),
         dict(pool_norm=True, pooling="gap", image_size=(16, 24), num_channels=1),
+        # DINOv2's classifier: a head over the class token and patch mean.
+        dict(pooling="token_gap", num_register_tokens=2, layer_scale_init=1.0),
+        dict(pooling="token_gap", representation_size=24),
     ],
 )
 def test_analytic_counts_match_the_built_model(options):

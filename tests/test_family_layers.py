@@ -11,8 +11,9 @@ from helpers import check_config_round_trip
 from keras.src.testing import TestCase
 
 from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
-from keras_vit.models.layers import PatchEncoder
+from keras_vit.models.layers import PatchEncoder, TokenPooling
 from keras_vit.models.norms import RMSNorm
+from keras_vit.models.pooling import MAPHead
 from keras_vit.models.quantization import quantized_copy
 from keras_vit.models.resolution import with_image_size
 from keras_vit.models.rope import RotaryEmbedding, apply_rope
@@ -68,17 +69,70 @@ LAYER_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("cls", "kwargs", "shape", "trainable"), LAYER_CASES)
-def test_keras_layer_harness_with_mixed_precision(cls, kwargs, shape, trainable):
+def run_harness(cls, kwargs, shape, output, trainable) -> None:
     HARNESS.run_layer_test(
         cls,
         init_kwargs=kwargs,
         input_shape=shape,
-        expected_output_shape=shape,
+        expected_output_shape=output,
         expected_num_trainable_weights=trainable,
         expected_num_non_trainable_weights=0,
         run_mixed_precision_check=True,
     )
+
+
+@pytest.mark.parametrize(("cls", "kwargs", "shape", "trainable"), LAYER_CASES)
+def test_keras_layer_harness_with_mixed_precision(cls, kwargs, shape, trainable):
+    run_harness(cls, kwargs, shape, shape, trainable)
+
+
+# Pooling layers: (batch, tokens, hidden) in, one vector per image out.
+POOLING_CASES = [
+    (TokenPooling, dict(mode="token_gap", num_prefix_tokens=3), (2, 16), 0),
+    (
+        MAPHead,
+        dict(num_heads=2, mlp_dim=12, activation="gelu_tanh", num_skipped_tokens=1),
+        (2, 8),
+        13,
+    ),
+]
+
+
+@pytest.mark.parametrize(("cls", "kwargs", "output", "trainable"), POOLING_CASES)
+def test_pooling_layers_in_the_keras_harness(cls, kwargs, output, trainable):
+    run_harness(cls, kwargs, (2, 5, 8), output, trainable)
+
+
+def test_map_head_mlp_uses_its_activation():
+    x = np.random.default_rng(0).standard_normal((2, 5, 8)).astype("float32") * 3
+    exact = MAPHead(2, 12, activation="gelu")
+    tanh = MAPHead(2, 12, activation="gelu_tanh")
+    exact.build(x.shape)
+    tanh.build(x.shape)
+    tanh.set_weights(exact.get_weights())
+    assert tanh.mlp.activation == "gelu_tanh"
+    assert not np.allclose(exact(x), tanh(x), atol=1e-7)
+    with pytest.raises(ValueError, match="`activation` must be one of"):
+        MAPHead(2, 12, activation="relu")
+
+
+def test_token_gap_model_head_reads_twice_the_width():
+    model = ViT(
+        "Ti/8",
+        16,
+        3,
+        hidden_dim=8,
+        num_layers=1,
+        num_heads=2,
+        mlp_dim=8,
+        pooling="token_gap",
+        num_register_tokens=2,
+    )
+    assert model.get_layer("head").kernel.shape == (16, 3)
+    with pytest.raises(ValueError, match="pool_norm=True` needs a pooling mode"):
+        ViT("Ti/8", 16, 3, pooling="token_gap", pool_norm=True)
+    with pytest.raises(ValueError, match="pooling='token_gap'` needs `class_token"):
+        ViT("Ti/8", 16, 3, pooling="token_gap", class_token=False)
 
 
 @pytest.mark.parametrize(("cls", "kwargs", "shape", "trainable"), LAYER_CASES)

@@ -236,7 +236,14 @@ def test_token_pooling_modes():
     np.testing.assert_array_equal(TokenPooling("token")(x), x[:, 0])
     np.testing.assert_array_equal(TokenPooling("distillation", 2)(x), x[:, 1])
     np.testing.assert_allclose(TokenPooling("gap", 2)(x), x[:, 2:].mean(1), atol=1e-6)
-    with pytest.raises(ValueError, match="'token', 'distillation' or 'gap'"):
+    # transformers' DINOv2 classifier input: class token, then the mean of
+    # the patch tokens (registers left out).
+    np.testing.assert_allclose(
+        TokenPooling("token_gap", 2)(x),
+        np.concatenate([x[:, 0], x[:, 2:].mean(1)], axis=-1),
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match="'gap' or 'token_gap'"):
         TokenPooling("max")
     with pytest.raises(ValueError, match="needs at least 2 prefix tokens"):
         TokenPooling("distillation", 1)

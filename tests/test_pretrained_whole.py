@@ -87,7 +87,8 @@ def test_map_head_pools_every_token_with_one_probe(tmp_path):
     check_config_round_trip(head)
     x = np.random.RandomState(1).rand(2, 16, 16, 3).astype("float32")
     check_keras_save_load(model, x, tmp_path)
-    with pytest.raises(ValueError, match="'token', 'gap', 'map' or None, got 'max'"):
+    valid = "'token', 'gap', 'token_gap', 'map' or None"
+    with pytest.raises(ValueError, match=f"{valid}, got 'max'"):
         ViT("Ti/8", image_size=16, pooling="max")
 
 

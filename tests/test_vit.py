@@ -77,7 +77,7 @@ def test_builder_errors_name_the_bad_values():
         ValueError, match="image_size 225x225 is not divisible by patch_size 16"
     ):
         ViT("Ti/16", image_size=225)
-    with pytest.raises(ValueError, match="'token', 'gap', 'map' or None"):
+    with pytest.raises(ValueError, match="'token', 'gap', 'token_gap', 'map' or None"):
         tiny(pooling="max")
     with pytest.raises(ValueError, match="only valid with `include_top=False`"):
         tiny(pooling=None)

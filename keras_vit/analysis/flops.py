@@ -247,6 +247,12 @@ def _check_options(options) -> None:
         )
 
 
+def _pooled_width(hidden_dim: int, options: dict) -> int:
+    """Features after pooling: `"token_gap"` puts the class token and the
+    patch mean side by side."""
+    return 2 * hidden_dim if options.get("pooling") == "token_gap" else hidden_dim
+
+
 def vit_parameter_count(
     variant: str = "B/16",
     image_size: int | tuple[int, int] = 224,
@@ -289,10 +295,10 @@ def vit_parameter_count(
     total += arch["num_layers"] * block + 2 * d
     if options.get("pooling") == "map":
         total += _map_head_parameters(d, m, options.get("qkv_bias", True))
-    features = d
+    features = _pooled_width(d, options)
     representation = options.get("representation_size")
     if representation:
-        total += d * representation + representation
+        total += features * representation + representation
         features = representation
     if options.get("include_top", True):
         heads = 2 if options.get("distilled", False) else 1
@@ -318,11 +324,11 @@ def vit_macs(
     total += arch["num_layers"] * _block_macs(tokens, d, arch["mlp_dim"])
     if options.get("pooling") == "map":
         total += _map_head_macs(tokens, d, arch["mlp_dim"])
-    features = d
+    features = _pooled_width(d, options)
     representation = options.get("representation_size")
     pooled = 2 if options.get("distilled", False) else 1
     if representation:
-        total += pooled * d * representation
+        total += pooled * features * representation
         features = representation
     if options.get("include_top", True):
         total += pooled * features * num_classes

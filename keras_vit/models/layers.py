@@ -413,24 +413,27 @@ class TokenPooling(keras.layers.Layer):
 
     Args:
         mode: `"token"` (the class token, position 0), `"distillation"` (the
-            distillation token, position 1) or `"gap"` (mean of the patch
-            tokens, prefix tokens excluded).
+            distillation token, position 1), `"gap"` (mean of the patch
+            tokens, prefix tokens excluded) or `"token_gap"` (the class token
+            and the mean of the patch tokens side by side, twice as wide:
+            transformers' DINOv2 classifier input).
         num_prefix_tokens: int, number of class/distillation tokens in front.
 
     Call arguments:
         x: `(batch, num_tokens, hidden_dim)`.
 
     Returns:
-        `(batch, hidden_dim)`.
+        `(batch, hidden_dim)`, `(batch, 2 * hidden_dim)` for `"token_gap"`.
     """
 
     def __init__(self, mode: str = "token", num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)
-        if mode not in ("token", "distillation", "gap"):
+        if mode not in ("token", "distillation", "gap", "token_gap"):
             raise ValueError(
-                f"`mode` must be 'token', 'distillation' or 'gap', got {mode!r}."
+                "`mode` must be 'token', 'distillation', 'gap' or 'token_gap', "
+                f"got {mode!r}."
             )
-        needed = {"token": 1, "distillation": 2, "gap": 0}[mode]
+        needed = {"token": 1, "distillation": 2, "gap": 0, "token_gap": 1}[mode]
         if num_prefix_tokens < needed:
             raise ValueError(
                 f"mode={mode!r} needs at least {needed} prefix tokens, got "
@@ -444,10 +447,16 @@ class TokenPooling(keras.layers.Layer):
             return x[:, 0]
         if self.mode == "distillation":
             return x[:, 1]
-        return ops.mean(x[:, self.num_prefix_tokens :], axis=1)
+        mean = ops.mean(x[:, self.num_prefix_tokens :], axis=1)
+        if self.mode == "token_gap":
+            return ops.concatenate([x[:, 0], mean], axis=-1)
+        return mean
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[-1])
+        width = input_shape[-1]
+        if self.mode == "token_gap" and width is not None:
+            width = 2 * width
+        return (input_shape[0], width)
 
     def get_config(self):
         return {

@@ -17,7 +17,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from keras_vit.models.sublayers import MLP, register
+from keras_vit.models.sublayers import MLP, MLP_ACTIVATIONS, register
 
 
 @register
@@ -33,6 +33,9 @@ class MAPHead(keras.layers.Layer):
         layer_norm_epsilon: float, epsilon of the LayerNorm before the MLP.
         num_skipped_tokens: int, leading tokens (class, registers) the probe
             does not attend to; 0 pools every token.
+        activation: the residual MLP's activation, one of
+            `sublayers.MLP_ACTIVATIONS` (timm and transformers' SigLIP use
+            the blocks' one: `"gelu_tanh"` for SigLIP).
 
     Call arguments:
         x: `(batch, num_tokens, hidden_dim)`, the encoder's normalised output.
@@ -48,9 +51,16 @@ class MAPHead(keras.layers.Layer):
         qkv_bias: bool = True,
         layer_norm_epsilon: float = 1e-6,
         num_skipped_tokens: int = 0,
+        activation: str = "gelu",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if activation not in MLP_ACTIVATIONS:
+            raise ValueError(
+                f"`activation` must be one of {', '.join(MLP_ACTIVATIONS)}, got "
+                f"{activation!r}."
+            )
+        self.activation = activation
         if (
             isinstance(num_skipped_tokens, bool)
             or not isinstance(num_skipped_tokens, int)
@@ -92,7 +102,9 @@ class MAPHead(keras.layers.Layer):
         self.norm = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="norm"
         )
-        self.mlp = MLP(self.mlp_dim, dtype=policy, name="mlp")
+        self.mlp = MLP(
+            self.mlp_dim, activation=self.activation, dtype=policy, name="mlp"
+        )
         vector = (None, hidden_dim)
         for layer in (self.query, self.key_value, self.proj, self.norm, self.mlp):
             layer.build(vector)
@@ -131,4 +143,5 @@ class MAPHead(keras.layers.Layer):
             "qkv_bias": self.qkv_bias,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "num_skipped_tokens": self.num_skipped_tokens,
+            "activation": self.activation,
         }

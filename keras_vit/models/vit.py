@@ -10,7 +10,7 @@ from keras_vit.models.norms import make_norm
 from keras_vit.models.pooling import MAPHead
 from keras_vit.models.rope import RotaryEmbedding
 
-POOLING_MODES = ("token", "gap", "map", None)
+POOLING_MODES = ("token", "gap", "token_gap", "map", None)
 
 # One line per size: hidden_dim, num_layers, num_heads, mlp_dim (paper, Table 1;
 # Ti and S from DeiT / timm).
@@ -279,6 +279,7 @@ def build_transformer(
         classifier_activation=classifier_activation,
         norm_type=norm_type,
         final_norm=final_norm,
+        mlp_activation=mlp_activation,
     )
     return keras.Model(inputs, x, name=name)
 
@@ -337,7 +338,8 @@ def _check_pooling(
     """Validates the pooling options; returns whether there is a class token."""
     if pooling not in POOLING_MODES:
         raise ValueError(
-            f"`pooling` must be 'token', 'gap', 'map' or None, got {pooling!r}."
+            "`pooling` must be 'token', 'gap', 'token_gap', 'map' or None, got "
+            f"{pooling!r}."
         )
     if pooling is None and include_top:
         raise ValueError("`pooling=None` is only valid with `include_top=False`.")
@@ -345,15 +347,18 @@ def _check_pooling(
         raise ValueError(f"`num_classes` must be a positive int, got {num_classes!r}.")
     if class_token is None:
         class_token = pooling not in ("gap", "map") or distilled
-    if pooling == "token" and not class_token:
-        raise ValueError("`pooling='token'` needs `class_token=True`.")
+    if pooling in ("token", "token_gap") and not class_token:
+        raise ValueError(f"`pooling={pooling!r}` needs `class_token=True`.")
     if distilled and pooling != "token":
         raise ValueError(
             f"`distilled=True` pools the class and distillation tokens; it needs "
             f"pooling='token', got {pooling!r}."
         )
-    if pool_norm and pooling is None:
-        raise ValueError("`pool_norm=True` needs a pooling mode.")
+    if pool_norm and pooling in (None, "token_gap"):
+        raise ValueError(
+            f"`pool_norm=True` needs a pooling mode of hidden_dim features, got "
+            f"pooling={pooling!r}."
+        )
     return class_token
 
 
@@ -375,6 +380,7 @@ def _norm_pool_and_head(
     classifier_activation,
     norm_type="layernorm",
     final_norm=True,
+    mlp_activation="gelu",
 ):
     """The final LayerNorm (after pooling with `pool_norm`), pooling, optional
     pre-logits and the float32 head on the encoded tokens `x`; the pooled
@@ -398,6 +404,9 @@ def _norm_pool_and_head(
             qkv_bias=qkv_bias,
             layer_norm_epsilon=layer_norm_epsilon,
             num_skipped_tokens=0 if pool_include_prefix else prefix,
+            # timm's AttentionPoolLatent and transformers' SigLIP head use
+            # the blocks' activation.
+            activation=mlp_activation,
             name="map_head",
         )
     else:
@@ -466,8 +475,10 @@ def ViT(
         **options: the `ARCHITECTURE_KEYS` (`patch_size`, `hidden_dim`,
             `num_layers`, `num_heads`, `mlp_dim`) override the variant's
             table entry; the others go to `build_transformer`: `include_top`,
-            `pooling` (`"token"`, `"gap"`, `"map"` (a learned probe attends over the
-            tokens, `MAPHead`), or None for the token sequence without top),
+            `pooling` (`"token"`, `"gap"`, `"token_gap"` (class token and
+            patch mean concatenated, `2 * hidden_dim` features: DINOv2's
+            classifier), `"map"` (a learned probe attends over the tokens,
+            `MAPHead`), or None for the token sequence without top),
             `num_register_tokens` (registers after the class token, no
             position embedding, skipped by pooling),
             `representation_size` (pre-logits Dense + tanh), `distilled`

@@ -133,7 +133,7 @@ def _values_for(model: keras.Model, plan: Plan, tensors: dict, skip: set[str]) -
             )
             continue
         values[target] = value
-    unknown = sorted(set(tensors) - used)
+    unknown = sorted(set(tensors) - used - set(plan.ignored))
     if unknown:
         problems.append(f"unknown tensor(s) not used by the model: {unknown}")
     unset = sorted(

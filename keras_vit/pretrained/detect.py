@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from keras_vit.errors import CheckpointError
 from keras_vit.pretrained.big_vision import big_vision_plan
+from keras_vit.pretrained.hf_clip import PATCHES, clip_plan, siglip_plan
+from keras_vit.pretrained.hf_dinov2 import (
+    DINOV2_PATCHES,
+    DINOV3_PATCHES,
+    dinov2_plan,
+    dinov3_plan,
+)
 from keras_vit.pretrained.huggingface import huggingface_plan
 from keras_vit.pretrained.layouts import Plan
 from keras_vit.pretrained.timm import timm_plan
@@ -12,7 +19,8 @@ from keras_vit.pretrained.timm import timm_plan
 def detect_architecture(
     tensors: dict, config: dict | None = None, hints: dict | None = None
 ) -> Plan:
-    """Recognises timm, Hugging Face and AugReg/big_vision layouts.
+    """Recognises timm, Hugging Face (ViT, DeiT, DINOv2, DINOv3, SigLIP,
+    CLIP) and AugReg/big_vision layouts.
 
     `hints` (`image_size`, `num_heads`) fill in what neither the tensors nor
     the config tell.
@@ -32,9 +40,50 @@ def detect_architecture(
         ) from None
 
 
+# transformers' `model_type` of each newer family the converter reads.
+HF_FAMILIES = {
+    "dinov2": dinov2_plan,
+    "dinov2_with_registers": dinov2_plan,
+    "dinov3_vit": dinov3_plan,
+    "siglip": siglip_plan,
+    "siglip_vision_model": siglip_plan,
+    "clip": clip_plan,
+    "clip_vision_model": clip_plan,
+}
+
+
+def _hf_family(tensors: dict, config: dict):
+    """The plan function of a newer transformers family, from the config's
+    `model_type` or, without a config, the tensor names; None for others."""
+    kind = config.get("model_type")
+    if kind in HF_FAMILIES:
+        return HF_FAMILIES[kind]
+
+    def ends(suffix: str) -> bool:
+        return any(k.endswith(suffix) for k in tensors)
+
+    guess = None
+    if ends(DINOV3_PATCHES) and ends("layer_scale1.lambda1"):
+        guess = dinov3_plan
+    elif ends(DINOV2_PATCHES) and ends("layer_scale1.lambda1"):
+        guess = dinov2_plan
+    elif ends(PATCHES) and ends("encoder.layers.0.layer_norm1.weight"):
+        guess = clip_plan if ends("embeddings.class_embedding") else siglip_plan
+    if guess is not None and kind is not None:
+        raise CheckpointError(
+            f"transformers model_type={kind!r} is not supported; the converter "
+            f"reads {sorted(HF_FAMILIES)} (and 'vit', 'deit')."
+        )
+    return guess
+
+
 def _detect(tensors: dict, config: dict, hints: dict) -> Plan:
     if "patch_embed.proj.weight" in tensors:
         plan, plan.layout = timm_plan(tensors, config, hints), "timm"
+        return plan
+    family = _hf_family(tensors, config)
+    if family is not None:
+        plan, plan.layout = family(tensors, config, hints), "huggingface"
         return plan
     if any(
         k.endswith("embeddings.patch_embeddings.projection.weight") for k in tensors

@@ -30,14 +30,33 @@ class Plan:
     # "timm", "huggingface" or "big_vision" (AugReg too): where the
     # preprocessing and labels are read from.
     layout: str = ""
+    # Tensors the checkpoint holds that the converted model deliberately
+    # leaves out (a CLIP text tower, a pretraining mask token), each with
+    # the reason; any other tensor the model does not use is an error.
+    ignored: dict[str, str] = field(default_factory=dict)
 
     def add(self, target: str, sources, fn: Callable | None = None) -> None:
         sources = (sources,) if isinstance(sources, str) else tuple(sources)
         self.assign[target] = (sources, fn or (lambda x: x))
 
+    def ignore(self, names, reason: str) -> None:
+        for name in names:
+            self.ignored[name] = reason
+
 
 def linear_kernel(w):  # torch Linear (out, in) -> keras Dense (in, out)
     return w.T
+
+
+def packed(kernel: bool):
+    """A gated MLP's gate and value projections (torch `Linear` weights or
+    biases) packed, gate first, as keras_vit's one `fc1`."""
+
+    def fn(gate, value):
+        both = np.concatenate([gate, value], axis=0)
+        return linear_kernel(both) if kernel else both
+
+    return fn
 
 
 def conv_kernel(w):  # torch conv (out, in, kh, kw) -> keras (kh, kw, in, out)

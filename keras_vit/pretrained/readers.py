@@ -223,6 +223,10 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
     else:
         raise CheckpointError(f"{path} is empty or too short to be a checkpoint.")
     for name, value in tensors.items():
+        # The index buffer older transformers releases saved (0, 1, ...):
+        # integers by nature, kept as they are for the layouts to leave out.
+        if name.endswith("position_ids") and value.dtype.kind in "iu":
+            continue
         if not _is_float(value.dtype):
             raise CheckpointError(
                 f"Tensor {name!r} in {path} has dtype {value.dtype}; expected floats."

@@ -17,6 +17,7 @@ from keras_vit.pretrained.layouts import (
     infer_heads,
     linear_kernel,
     model_name,
+    packed,
     patch_kernel,
     position_rule,
     refuse_unsupported,
@@ -232,7 +233,7 @@ def _add_block(plan: Plan, tensors: dict, i: int, kwargs: dict, gate_last: bool)
             if part == "bias" and not bias:
                 continue
             names = (f"{src}mlp.fc1_g.{index}", f"{src}mlp.fc1_x.{index}")
-            plan.add(f"{dst}mlp/fc1/{part}", names, _packed(part == "kernel"))
+            plan.add(f"{dst}mlp/fc1/{part}", names, packed(part == "kernel"))
     elif gate_last:
         # GluMlp(gate_last=True) gates with the second half: swap the halves.
         plan.add(f"{dst}mlp/fc1/kernel", f"{src}mlp.fc1.weight", _swapped(True))
@@ -243,14 +244,6 @@ def _add_block(plan: Plan, tensors: dict, i: int, kwargs: dict, gate_last: bool)
     if kwargs["layer_scale_init"] is not None:
         plan.add(f"{dst}layer_scale1/gamma", f"{src}ls1.gamma")
         plan.add(f"{dst}layer_scale2/gamma", f"{src}ls2.gamma")
-
-
-def _packed(kernel: bool):
-    def fn(gate, value):
-        both = np.concatenate([gate, value], axis=0)
-        return linear_kernel(both) if kernel else both
-
-    return fn
 
 
 def _swapped(kernel: bool):

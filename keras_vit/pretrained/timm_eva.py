@@ -17,6 +17,7 @@ from keras_vit.pretrained.layouts import (
     infer_heads,
     linear_kernel,
     model_name,
+    packed,
     patch_kernel,
 )
 from keras_vit.pretrained.timm_options import NORMS
@@ -352,7 +353,7 @@ def _add_block(plan, tensors, i, kwargs, order, split) -> None:
     if split:
         for part, index in (("kernel", "weight"), ("bias", "bias")):
             pair = (f"{src}mlp.fc1_g.{index}", f"{src}mlp.fc1_x.{index}")
-            plan.add(f"{dst}mlp/fc1/{part}", pair, _packed(part == "kernel"))
+            plan.add(f"{dst}mlp/fc1/{part}", pair, packed(part == "kernel"))
     else:
         add_torch_linear(plan, dst + "mlp/fc1", src + "mlp.fc1")
     if kwargs["mlp_norm"]:
@@ -361,11 +362,3 @@ def _add_block(plan, tensors, i, kwargs, order, split) -> None:
     if kwargs["layer_scale_init"] is not None:
         plan.add(f"{dst}layer_scale1/gamma", f"{src}gamma_1")
         plan.add(f"{dst}layer_scale2/gamma", f"{src}gamma_2")
-
-
-def _packed(kernel: bool):
-    def fn(gate, value):
-        both = np.concatenate([gate, value], axis=0)
-        return linear_kernel(both) if kernel else both
-
-    return fn
