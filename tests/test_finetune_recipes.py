@@ -175,7 +175,9 @@ def test_hybrid_stem_starts_from_the_cnn_of_the_same_widths(tmp_path):
     )
     model = training.build_model(hybrid, num_classes=10)
     for name in ("stage0_conv0", "stage1_norm1", "stage2_conv1"):
-        for got, want in zip(model.get_layer(name).weights, source.get_layer(name).weights):
+        got_want = model.get_layer(name).weights, source.get_layer(name).weights
+        pairs = zip(*got_want, strict=True)
+        for got, want in pairs:
             np.testing.assert_array_equal(got.numpy(), want.numpy())
     assert model.get_layer("head").kernel.shape != source.get_layer("head").kernel.shape
     # The same file under a plain ViT shares nothing: refused, not ignored.
