@@ -39,4 +39,7 @@ def get_config():
         # Seed 0, 2,000 steps: 0.990 held out with this warp, 0.984 with the
         # mnist5k one at 1,500 steps (training accuracy 0.998 there).
         data=dataclasses.replace(config.data, translate=0.1, rotate=15.0, zoom=0.15),
+        # Held-out accuracy from an exponential moving average of the weights:
+        # without it seeds 0-2 ended at 0.990 / 0.988 / 0.984.
+        optim=dataclasses.replace(config.optim, use_ema=True, ema_momentum=0.998),
     )
