@@ -20,7 +20,7 @@ from keras_vit.pretrained.layouts import (
     packed,
     patch_kernel,
 )
-from keras_vit.pretrained.timm_options import NORMS
+from keras_vit.pretrained.timm_options import NORMS, refuse_token_head
 
 # Eva arguments that do not change the inference forward pass, or that the
 # tensors tell (shapes, tokens, biases).
@@ -186,6 +186,7 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
     num_classes = (
         int(tensors["head.weight"].shape[0]) if "head.weight" in tensors else 0
     )
+    refuse_token_head(pool, num_classes)
     size = args.get("img_size", 224)
     size = (size, size) if isinstance(size, int) else tuple(size)
     grid = (size[0] // p, size[1] // p)
