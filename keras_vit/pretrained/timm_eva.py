@@ -232,7 +232,9 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
     for i in range(num_layers):
         _add_block(plan, tensors, i, kwargs, order, split)
     if kwargs["final_norm"]:
-        source = "fc_norm" if kwargs["pool_norm"] else "norm"
+        # fc_norm normalises every token when nothing is pooled (timm's
+        # global_pool=''): then it is the encoder's final norm.
+        source = "fc_norm" if "fc_norm.weight" in tensors else "norm"
         _add_norm(plan, "encoder_norm", source, norm_type)
     if num_classes:
         add_torch_linear(plan, "head", "head")
