@@ -83,6 +83,21 @@ FAMILIES = {
         dict(SMALL, img_size=56, num_classes=5),
         [(56, 56), (42, 42), (70, 84)],
     ),
+    # fc_norm on every token when nothing is pooled (global_pool=""): the
+    # unpooled tokens, at width 32.
+    "eva02_tokens": (
+        "eva02_tiny_patch14_224",
+        dict(
+            embed_dim=32,
+            depth=2,
+            num_heads=2,
+            img_size=28,
+            num_classes=0,
+            global_pool="",
+            use_fc_norm=True,
+        ),
+        [(28, 28), (14, 14), (42, 56)],
+    ),
     "rope_vit": (
         "vit_small_patch16_rope_224",
         dict(SMALL, patch_size=8, img_size=32, num_classes=5),

@@ -35,6 +35,9 @@ computes for them. Fixtures:
   (`save_pretrained`: model.safetensors + config.json).
 - `hf_vit_model/`: a small `transformers.ViTModel` with its pooler; the
   expected values are its `pooler_output`.
+- `hf_vit_model_options/`: a small `transformers.ViTModel` with
+  `hidden_act="gelu_new"` and a 16-wide pooler (`pooler_output_size`); the
+  expected values are its `pooler_output`.
 - `hf_deit/`: a small `transformers.DeiTForImageClassificationWithTeacher`
   (distillation token, class and distillation heads averaged).
 - `timm_vit_reg/`: timm's `vit_base_patch16_reg4_gap_256` layout (four
@@ -84,6 +87,7 @@ from fixture_common import (
     jax_vit_tensors,
     random_state_dict,
     randomize,
+    randomize_scaled,
     torch_logits,
     write_parity,
 )
@@ -198,21 +202,29 @@ def timm_deit(folder: Path, distilled: bool) -> None:
     save_for_hf(model, str(folder), safe_serialization=True)
 
 
+# transformers' ViT / DeiT fixtures: 16-pixel images of 4-pixel patches.
+TINY_HF = dict(
+    hidden_size=32,
+    num_attention_heads=2,
+    intermediate_size=64,
+    image_size=16,
+    patch_size=4,
+)
+
+
 def hf_vit_model(folder: Path) -> None:
-    import torch
     from transformers import ViTConfig, ViTModel
 
-    config = ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=16,
-        patch_size=4,
-    )
+    config = ViTConfig(**TINY_HF, num_hidden_layers=1)
     model = ViTModel(config)  # with its Dense + tanh pooler on the class token
     randomize(model, seed=10)
-    x = images((2, 16, 16, 3), seed=20)
+    _write_pooled(model, folder, images((2, 16, 16, 3), seed=20))
+
+
+def _write_pooled(model, folder: Path, x: np.ndarray) -> None:
+    """A `ViTModel`'s `pooler_output` as the parity values, and the model."""
+    import torch
+
     model.eval()
     with torch.no_grad():
         pooled = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).pooler_output
@@ -220,18 +232,28 @@ def hf_vit_model(folder: Path) -> None:
     model.save_pretrained(str(folder), safe_serialization=True)
 
 
+def hf_vit_model_options(folder: Path) -> None:
+    """ViTModel options beyond the defaults: GELU-tanh (`gelu_new`) and a
+    pooler narrower than the encoder (`pooler_output_size`). Weights scaled
+    so that the activation works away from zero and a wrong one shows."""
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        **TINY_HF,
+        num_hidden_layers=2,
+        hidden_act="gelu_new",
+        pooler_output_size=16,
+        layer_norm_eps=1e-6,
+    )
+    model = ViTModel(config)
+    randomize_scaled(model, seed=23)
+    _write_pooled(model, folder, images((2, 16, 16, 3), seed=24))
+
+
 def hf_deit(folder: Path) -> None:
     from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
 
-    config = DeiTConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=16,
-        patch_size=4,
-        num_labels=3,
-    )
+    config = DeiTConfig(**TINY_HF, num_hidden_layers=2, num_labels=3)
     model = DeiTForImageClassificationWithTeacher(config)
     randomize(model, seed=21)
     x = images((2, 16, 16, 3), seed=22)
@@ -339,6 +361,7 @@ def main(argv: list[str]) -> None:
         "timm_deit3": partial(timm_deit, distilled=False),
         "hf_vit": hf_vit,
         "hf_vit_model": hf_vit_model,
+        "hf_vit_model_options": hf_vit_model_options,
         "hf_deit": hf_deit,
         **whole_model_fixtures(),
         "augreg_vit": partial(jax_npz, big_vision=False),

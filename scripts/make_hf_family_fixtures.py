@@ -49,6 +49,8 @@ TEXT = dict(
     pad_token_id=0,
 )
 SIZES = [(32, 32), (24, 24), (40, 48)]
+# Width 32: the fixtures that pin one option each stay small.
+SLIM = dict(hidden_size=32)
 
 
 def _dinov2(name, **options):
@@ -60,7 +62,9 @@ def _dinov2(name, **options):
 def _dinov2_reg(name, **options):
     import transformers as t
 
-    config = t.Dinov2WithRegistersConfig(**VISION, num_register_tokens=4, **options)
+    config = t.Dinov2WithRegistersConfig(
+        **{**VISION, "num_register_tokens": 4, **options}
+    )
     return getattr(t, name)(config)
 
 
@@ -86,7 +90,7 @@ def _vision(kind, name, **options):
 def _dinov3(**options):
     import transformers as t
 
-    config = t.DINOv3ViTConfig(**VISION, intermediate_size=128, **options)
+    config = t.DINOv3ViTConfig(**{**VISION, "intermediate_size": 128, **options})
     return t.DINOv3ViTModel(config)
 
 
@@ -113,6 +117,16 @@ FIXTURE_MODELS = {
     "dinov2_reg": (
         lambda: _dinov2_reg("Dinov2WithRegistersModel", layer_norm_eps=1e-5),
         "pooler_output",
+    ),
+    # num_register_tokens=0 saves an empty (1, 0, width) register table.
+    "dinov2_reg0_cls": (
+        lambda: _dinov2_reg(
+            "Dinov2WithRegistersForImageClassification",
+            num_register_tokens=0,
+            num_labels=3,
+            **SLIM,
+        ),
+        "logits",
     ),
     "siglip_vision": (lambda: _vision("Siglip", "SiglipVisionModel"), "pooler_output"),
     "siglip_cls": (
@@ -141,6 +155,11 @@ FIXTURE_MODELS = {
             key_bias=False,
             rope_theta=100.0,
         ),
+        "pooler_output",
+    ),
+    # DINOv3ViTConfig's defaults: no registers (an empty table), GELU MLP.
+    "dinov3_plain": (
+        lambda: _dinov3(**SLIM, intermediate_size=64),
         "pooler_output",
     ),
 }

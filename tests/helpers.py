@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -183,3 +184,14 @@ def check_dtype_policy_contract(
             np.asarray(keras.ops.cast(want, "float32")),
         )
     return layer
+
+
+def edited_checkpoint(source: Path, tmp_path: Path, **changes) -> Path:
+    """A copy of the checkpoint folder `source` in `tmp_path`, its
+    `config.json` updated with `changes`."""
+    target = Path(tmp_path) / Path(source).name
+    shutil.copytree(source, target)
+    config = read_json(target / "config.json")
+    config.update(changes)
+    (target / "config.json").write_text(json.dumps(config))
+    return target

@@ -88,3 +88,37 @@ def test_refuses_what_it_cannot_reproduce(tmp_path):
         (edited_folder / "config.json").write_text(json.dumps(edited))
         with pytest.raises(CheckpointError, match=message):
             convert_checkpoint(edited_folder)
+
+
+def edited_copy(family: str, tmp_path: Path, **model_args) -> Path:
+    """The fixture with its config's `model_args` (and the top-level keys
+    timm writes beside them) updated."""
+    edited = tmp_path / family
+    edited.mkdir()
+    source = folder(family)
+    (edited / "model.safetensors").write_bytes(
+        (source / "model.safetensors").read_bytes()
+    )
+    config = json.loads((source / "config.json").read_text())
+    config["model_args"].update(model_args)
+    config.update({k: v for k, v in model_args.items() if k in config})
+    (edited / "config.json").write_text(json.dumps(config))
+    return edited
+
+
+def test_null_model_args_keep_the_registered_values(tmp_path):
+    # timm.create_model drops arguments given as None: EVA-02 saved with
+    # ref_feat_shape=None still rescales its RoPE to the registered 16x16.
+    edited = edited_copy("eva02", tmp_path, ref_feat_shape=None, qk_norm=None)
+    for size in sizes(folder("eva02"))[:2]:
+        model = convert_checkpoint(edited, image_size=size)
+        check(model, folder("eva02"), size, f"eva02 with nulls at {size}")
+
+
+@pytest.mark.parametrize("family", ["clip_quickgelu", "eva02"])
+def test_a_head_on_unpooled_tokens_is_refused(family, tmp_path):
+    from keras_vit.errors import CheckpointError
+
+    edited = edited_copy(family, tmp_path, global_pool="")
+    with pytest.raises(CheckpointError, match="global_pool='' with a 5-class head"):
+        convert_checkpoint(edited)

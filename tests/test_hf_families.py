@@ -225,3 +225,23 @@ def test_keras_vit_convert_reads_a_save_pretrained_folder(tmp_path, capsys):
     check(model.predict(images, verbose=0), folder("clip_projection"), (32, 32), "CLI")
     metadata = json.loads((tmp_path / "clip" / "metadata.json").read_text())
     assert metadata["source"]["layout"] == "huggingface"
+
+
+def test_a_sharded_save_pretrained_folder_converts(tmp_path):
+    # save_pretrained above max_shard_size: model-0000k-of-n shards and the
+    # index whose weight_map names each tensor's shard.
+    tensors = load_file(folder("dinov2") / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2]}
+    shards["model-00002-of-00002.safetensors"] = names[len(names) // 2 :]
+    for shard, part in shards.items():
+        save_file({n: tensors[n] for n in part}, tmp_path / shard)
+    weight_map = {n: shard for shard, part in shards.items() for n in part}
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    shutil.copy(folder("dinov2") / "config.json", tmp_path / "config.json")
+    model = convert_checkpoint(tmp_path)
+    check(model, folder("dinov2"), (32, 32), "sharded")
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors"):
+        convert_checkpoint(tmp_path)

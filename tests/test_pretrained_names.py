@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, read_json
+from helpers import REPO, assert_parity, read_json
 
 import keras_vit
 from keras_vit.cli import main
@@ -222,3 +222,47 @@ def test_the_tables_preprocessing_fills_in_when_the_config_has_none(fake_hub, tm
     np.testing.assert_allclose(preprocessing["std"], entry.preprocessing["std"])
     assert preprocessing["crop_fraction"] == entry.preprocessing["crop_pct"]
     assert preprocessing["resize_method"] == "bicubic"
+
+
+# One alias per transformers family, served by a fixture of the same class.
+FAMILY_ALIASES = {
+    "hf-dinov2-s14": "hf_family_dinov2",
+    "hf-dinov2-s14-reg": "hf_family_dinov2_reg",
+    "hf-dinov3-s16": "hf_family_dinov3",
+    "hf-siglip-b16": "hf_family_siglip_model",
+    "hf-clip-b32": "hf_family_clip_model",
+}
+
+
+@pytest.mark.parametrize(("alias", "fixture"), sorted(FAMILY_ALIASES.items()))
+def test_a_transformers_family_alias_converts_and_works_offline(
+    alias, fixture, fake_hub, tmp_path
+):
+    entry = names.ALIASES[alias]
+    fake_hub.remote[entry.repo_id] = FIXTURES / fixture
+    out = tmp_path / "named.keras"
+    model = keras_vit.from_pretrained(alias, out)
+    parity = np.load(FIXTURES / fixture / "parity.npz")
+    expected = parity["logits_32x32"]
+    # 1e-4 of max(1, |outputs|), the converters' parity bound.
+    assert_parity(model(parity["images_32x32"]), expected, expected, 1e-4, alias)
+    metadata = read_json(out.with_suffix("") / "metadata.json")
+    assert metadata["source"]["repo_id"] == entry.repo_id
+    # The fixture has no preprocessor_config.json: the table's copy of the
+    # repository's processor fills in.
+    preprocessing = metadata["preprocessing"]
+    np.testing.assert_allclose(preprocessing["mean"], entry.preprocessing["mean"])
+    np.testing.assert_allclose(preprocessing["std"], entry.preprocessing["std"])
+    assert preprocessing["resize_method"] == entry.preprocessing["interpolation"]
+    squash = entry.preprocessing.get("crop_mode") == "squash"
+    assert preprocessing["keep_aspect_ratio"] is not squash
+    fake_hub.fetched.clear()
+    fake_hub.network = False
+    assert_parity(
+        keras_vit.from_pretrained(alias)(parity["images_32x32"]),
+        expected,
+        expected,
+        1e-4,
+        alias,
+    )
+    assert fake_hub.fetched == []

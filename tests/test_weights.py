@@ -86,6 +86,7 @@ def test_timm_vit_tiny_patch16_224_matches_timm(vit_tiny_checkpoint):
         ("timm_deit3", {}),
         ("hf_vit", {}),
         ("hf_vit_model", {}),
+        ("hf_vit_model_options", {}),
         ("hf_deit", {}),
         ("augreg_vit", {}),
         ("big_vision_vit", {}),

@@ -11,7 +11,7 @@ from keras_vit.pretrained.hf_dinov2 import (
     dinov2_plan,
     dinov3_plan,
 )
-from keras_vit.pretrained.huggingface import huggingface_plan
+from keras_vit.pretrained.huggingface import VIT_LAYOUTS, huggingface_plan
 from keras_vit.pretrained.layouts import Plan
 from keras_vit.pretrained.timm import timm_plan
 
@@ -72,7 +72,7 @@ def _hf_family(tensors: dict, config: dict):
     if guess is not None and kind is not None:
         raise CheckpointError(
             f"transformers model_type={kind!r} is not supported; the converter "
-            f"reads {sorted(HF_FAMILIES)} (and 'vit', 'deit')."
+            f"reads {sorted(HF_FAMILIES)} (and {list(VIT_LAYOUTS)})."
         )
     return guess
 
@@ -93,7 +93,9 @@ def _detect(tensors: dict, config: dict, hints: dict) -> Plan:
     if any(k.endswith("embedding/kernel") for k in tensors):
         plan, plan.layout = big_vision_plan(tensors, config, hints), "big_vision"
         return plan
+    kind = config.get("model_type")
     raise CheckpointError(
         "Unrecognised checkpoint layout (expected timm, Hugging Face ViT or "
-        f"AugReg/big_vision names); first tensors: {sorted(tensors)[:5]}."
+        f"AugReg/big_vision names){f' of model_type={kind!r}' if kind else ''}; "
+        f"first tensors: {sorted(tensors)[:5]}."
     )

@@ -96,8 +96,7 @@ def dinov2_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         emb + "position_embeddings",
         position_rule(True, 1),
     )
-    if registers:
-        plan.add("patch_encoder/register_tokens", registers_name)
+    _add_registers(plan, tensors, registers_name, registers)
     for i in range(num_layers):
         src, dst = f"{enc}{i}.", f"block_{i}/"
         attention = src + "attention."
@@ -220,8 +219,7 @@ def dinov3_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     )
     plan.add("patch_encoder/projection/bias", emb + "patch_embeddings.bias")
     plan.add("patch_encoder/cls_token", emb + "cls_token")
-    if registers:
-        plan.add("patch_encoder/register_tokens", registers_name)
+    _add_registers(plan, tensors, registers_name, registers)
     for i in range(num_layers):
         src, dst = f"{enc}{i}.", f"block_{i}/"
         attention = src + "attention."
@@ -245,6 +243,14 @@ def dinov3_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     plan.ignore([n for n in tensors if n == emb + "mask_token"], MASK_TOKEN)
     ignore_buffers(plan, tensors)
     return plan
+
+
+def _add_registers(plan: Plan, tensors: dict, name: str, registers: int) -> None:
+    """The register tokens; `num_register_tokens=0` saves an empty table."""
+    if registers:
+        plan.add("patch_encoder/register_tokens", name)
+    elif name in tensors:
+        plan.ignore([name], "empty register table (num_register_tokens=0)")
 
 
 def _registers(tensors: dict, config: dict, name: str, family: str) -> int:

@@ -8,6 +8,7 @@ import numpy as np
 
 from keras_vit.errors import CheckpointError
 from keras_vit.models.vit import ViT, image_hw
+from keras_vit.pretrained.hf_common import activation, epsilon
 from keras_vit.pretrained.layouts import (
     Plan,
     add_layer_norm,
@@ -21,14 +22,22 @@ from keras_vit.pretrained.layouts import (
     refuse_unsupported,
 )
 
+# transformers' model types saved in the ViT layout: I-JEPA has no class
+# token; ViT-MSN and ViT-MAE encoders are ViTs (MAE's masking is a
+# pretraining step, and its class token does not depend on the shuffle).
+VIT_LAYOUTS = ("vit", "deit", "ijepa", "vit_msn", "vit_mae")
+
 
 def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
-    refuse_unsupported(tensors, "huggingface")
-    if config.get("hidden_act", "gelu") != "gelu":
+    kind = config.get("model_type")
+    if kind is not None and kind not in VIT_LAYOUTS:
         raise CheckpointError(
-            f"hidden_act={config['hidden_act']!r} is not supported; keras_vit's MLP "
-            "uses exact GELU ('gelu')."
+            f"transformers model_type={kind!r} is not supported; the ViT layout "
+            f"is read for {list(VIT_LAYOUTS)}."
         )
+    refuse_unsupported(tensors, "huggingface")
+    family = kind or "vit"
+    mlp_activation = activation(config, family, "gelu")
     suffix = "embeddings.patch_embeddings.projection.weight"
     # "vit." (ViTForImageClassification), "deit." (DeiT), "" (ViTModel).
     root = next(k for k in sorted(tensors) if k.endswith(suffix))[: -len(suffix)]
@@ -51,6 +60,18 @@ def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         tensors[f"{head}.weight"].shape[0] if f"{head}.weight" in tensors else 0
     )
     pooler = root + "pooler.dense.weight" in tensors
+    if pooler and config.get("pooler_act", "tanh") != "tanh":
+        raise CheckpointError(
+            f"{family} pooler_act={config['pooler_act']!r} is not supported; "
+            "keras_vit's pre-logits layer uses tanh."
+        )
+    if distilled and head == "classifier" and num_classes:
+        if "distillation_classifier.weight" not in tensors:
+            raise CheckpointError(
+                "DeiTForImageClassification classifies the class token alone; "
+                "keras_vit's distilled ViT averages the class and distillation "
+                "heads (DeiTForImageClassificationWithTeacher)."
+            )
     kwargs = dict(
         variant="Ti",
         name=model_name(config.get("model_type"), "hf") + "_converted",
@@ -67,9 +88,13 @@ def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         pooling="token" if class_token else "gap",
         class_token=class_token,
         distilled=distilled,
-        representation_size=int(hidden) if pooler else None,
+        # ViTConfig's pooler_output_size (hidden_size unless set).
+        representation_size=(
+            int(tensors[root + "pooler.dense.weight"].shape[0]) if pooler else None
+        ),
         qkv_bias=enc + "0.attention.attention.query.bias" in tensors,
-        layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)),
+        layer_norm_epsilon=epsilon(config, family, 1e-12),
+        mlp_activation=mlp_activation,
         # `interpolate_pos_encoding`: torch's bicubic, no antialias.
         position_resample="hf",
     )

@@ -3,10 +3,11 @@
 One line per checkpoint: the Hub repository, the file keras_vit reads, its
 preprocessing as timm's `pretrained_cfg` states it (the values of timm
 1.0.31's table; Hugging Face repositories say theirs in
-`preprocessor_config.json`), the classes of its head and, when pinned, the
-file's sha256. Without a pinned digest the download is checked against the
-sha256 the Hub stores the file under. A name not in the table may still be
-any Hub id (`timm/<model>.<tag>`, `facebook/dinov2-small`).
+`preprocessor_config.json`, which wins over the table's copy), the classes
+of its head and, when pinned, the file's sha256. Without a pinned digest
+the download is checked against the sha256 the Hub stores the file under. A
+name not in the table may still be any Hub id (`timm/<model>.<tag>`,
+`facebook/dinov2-small`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,25 @@ OPENAI = {
     "std": (0.26862954, 0.26130258, 0.27577711),
 }
 
+# The image processors of the transformers repositories, in timm's keys:
+# DINOv2's BitImageProcessor resizes the shorter side to 256 (bicubic) and
+# crops 224; DINOv3's resizes to 224x224 (bilinear); SigLIP's to 224x224
+# (bicubic); CLIP's shorter side to 224 (bicubic), then crops 224.
+DINOV2 = {**IMAGENET, "interpolation": "bicubic", "crop_pct": 0.875}
+DINOV3 = {
+    **IMAGENET,
+    "interpolation": "bilinear",
+    "crop_pct": 1.0,
+    "crop_mode": "squash",
+}
+SIGLIP = {
+    **INCEPTION,
+    "interpolation": "bicubic",
+    "crop_pct": 1.0,
+    "crop_mode": "squash",
+}
+CLIP = {**OPENAI, "interpolation": "bicubic", "crop_pct": 1.0}
+
 
 @dataclass(frozen=True)
 class NamedCheckpoint:
@@ -31,8 +51,8 @@ class NamedCheckpoint:
         labels: the label set of its head (`"imagenet-1k"`, ...), or None
             for a feature backbone (no head).
         preprocessing: timm `pretrained_cfg` keys (`mean`, `std`,
-            `interpolation`, `crop_pct`), used when the downloaded config
-            states none; None where the repository's own file says it.
+            `interpolation`, `crop_pct`, `crop_mode`), used when the
+            downloaded files state none.
         filename: the file read (safetensors; never a pickle).
         revision: a Hub revision (commit, tag) to pin, or None for main.
         sha256: the digest the file must have, or None (the Hub's own).
@@ -91,10 +111,24 @@ ALIASES: dict[str, NamedCheckpoint] = {
     "siglip-b16": _timm("vit_base_patch16_siglip_224.webli", 224, None, INCEPTION, 0.9),
     "clip-b16": _timm("vit_base_patch16_clip_224.openai", 224, None, OPENAI, 0.9),
     "eva02-b14": _timm("eva02_base_patch14_224.mim_in22k", 224, None, OPENAI, 0.9),
-    # Hugging Face transformers repositories (their preprocessor_config.json).
+    # Hugging Face transformers repositories. Their preprocessor_config.json
+    # is read when the repository has one; the table's entry (the same
+    # values) fills in otherwise.
     "hf-vit-b16": NamedCheckpoint("google/vit-base-patch16-224", 224, "imagenet-1k"),
-    "hf-dinov2-s14": NamedCheckpoint("facebook/dinov2-small", 518, None),
-    "hf-dinov2-b14": NamedCheckpoint("facebook/dinov2-base", 518, None),
+    "hf-dinov2-s14": NamedCheckpoint("facebook/dinov2-small", 518, None, DINOV2),
+    "hf-dinov2-b14": NamedCheckpoint("facebook/dinov2-base", 518, None, DINOV2),
+    "hf-dinov2-s14-reg": NamedCheckpoint(
+        "facebook/dinov2-with-registers-small", 518, None, DINOV2
+    ),
+    # A gated repository: accept its licence on the Hub once, then log in.
+    "hf-dinov3-s16": NamedCheckpoint(
+        "facebook/dinov3-vits16-pretrain-lvd1689m", 224, None, DINOV3
+    ),
+    # Two-tower checkpoints: the image tower converts (image embeddings).
+    "hf-siglip-b16": NamedCheckpoint(
+        "google/siglip-base-patch16-224", 224, None, SIGLIP
+    ),
+    "hf-clip-b32": NamedCheckpoint("openai/clip-vit-base-patch32", 224, None, CLIP),
 }
 
 

@@ -18,6 +18,9 @@ from keras_vit.errors import CheckpointError, UnsafeCheckpointError
 
 TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 CHECKPOINT_NAMES = ("model.safetensors", "model.npz")
+# transformers' `save_pretrained` above its shard size: model-0000k-of-n
+# files and this index.
+INDEX = "model.safetensors.index.json"
 
 
 def refuse_torch(path: Path) -> None:
@@ -192,15 +195,55 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         ) from None
 
 
+def _read_file(path: Path) -> dict[str, np.ndarray]:
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if _is_torch_file(path, head):
+        refuse_torch(path)
+    if path.suffix == ".npz" or head[:2] == b"PK":
+        return _read_npz(path)
+    if path.suffix == ".safetensors" or len(head) == 8:
+        return _read_safetensors(path)
+    raise CheckpointError(f"{path} is empty or too short to be a checkpoint.")
+
+
+def _read_sharded(index: Path) -> dict[str, np.ndarray]:
+    """transformers' sharded safetensors: the index's `weight_map` names the
+    shard, beside it, of every tensor."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(
+            f"{index} is not a safetensors index with a weight_map: {error!r}"
+        ) from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index} has an empty or malformed weight_map.")
+    tensors = {}
+    for name in sorted(set(weight_map.values())):
+        shard = index.parent / str(name)
+        if Path(str(name)).name != name or not shard.is_file():
+            raise CheckpointError(
+                f"{index} names the shard {name!r}, which is not a file beside it."
+            )
+        tensors.update(_read_safetensors(shard))
+    missing = sorted(set(weight_map) - set(tensors))
+    if missing:
+        raise CheckpointError(
+            f"{index} lists tensor(s) that its shards lack: {missing[:5]}."
+        )
+    return tensors
+
+
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
-    """Reads a checkpoint file (or a folder holding one) with numpy.
+    """Reads a checkpoint file (or a folder holding one, or the shards of a
+    `model.safetensors.index.json`) with numpy.
 
     Returns `(tensors, config)`: float32 arrays by name, and the parsed
     `config.json` found beside the file (`{}` when there is none).
     """
     path = Path(path)
     if path.is_dir():
-        found = [path / n for n in CHECKPOINT_NAMES if (path / n).is_file()]
+        found = [path / n for n in (*CHECKPOINT_NAMES, INDEX) if (path / n).is_file()]
         if not found:
             torch_files = [p for p in path.iterdir() if p.suffix in TORCH_SUFFIXES]
             if torch_files:
@@ -212,16 +255,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
         path = found[0]
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint at {str(path)!r}.")
-    with open(path, "rb") as f:
-        head = f.read(8)
-    if _is_torch_file(path, head):
-        refuse_torch(path)
-    if path.suffix == ".npz" or head[:2] == b"PK":
-        tensors = _read_npz(path)
-    elif path.suffix == ".safetensors" or len(head) == 8:
-        tensors = _read_safetensors(path)
-    else:
-        raise CheckpointError(f"{path} is empty or too short to be a checkpoint.")
+    tensors = _read_sharded(path) if path.name == INDEX else _read_file(path)
     for name, value in tensors.items():
         # The index buffer older transformers releases saved (0, 1, ...):
         # integers by nature, kept as they are for the layouts to leave out.

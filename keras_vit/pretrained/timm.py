@@ -24,6 +24,7 @@ from keras_vit.pretrained.layouts import (
 )
 from keras_vit.pretrained.timm_eva import eva_plan
 from keras_vit.pretrained.timm_options import (
+    refuse_token_head,
     timm_arguments,
     vision_transformer_options,
 )
@@ -48,6 +49,7 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     pool = _global_pool(tensors, config, args, class_token, fc_norm)
     include_prefix = _pool_include_prefix(args, pool, embedded + registers)
     num_classes = tensors["head.weight"].shape[0] if "head.weight" in tensors else 0
+    refuse_token_head(pool, num_classes)
     grid, covered = _grid(tensors, config, args, hints, embedded + registers, stride)
     hidden = kwargs.pop("hidden_dim")
     kwargs.update(options)

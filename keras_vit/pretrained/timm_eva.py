@@ -20,7 +20,7 @@ from keras_vit.pretrained.layouts import (
     packed,
     patch_kernel,
 )
-from keras_vit.pretrained.timm_options import NORMS
+from keras_vit.pretrained.timm_options import NORMS, refuse_token_head
 
 # Eva arguments that do not change the inference forward pass, or that the
 # tensors tell (shapes, tokens, biases).
@@ -186,6 +186,7 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
     num_classes = (
         int(tensors["head.weight"].shape[0]) if "head.weight" in tensors else 0
     )
+    refuse_token_head(pool, num_classes)
     size = args.get("img_size", 224)
     size = (size, size) if isinstance(size, int) else tuple(size)
     grid = (size[0] // p, size[1] // p)
@@ -231,7 +232,9 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
     for i in range(num_layers):
         _add_block(plan, tensors, i, kwargs, order, split)
     if kwargs["final_norm"]:
-        source = "fc_norm" if kwargs["pool_norm"] else "norm"
+        # fc_norm normalises every token when nothing is pooled (timm's
+        # global_pool=''): then it is the encoder's final norm.
+        source = "fc_norm" if "fc_norm.weight" in tensors else "norm"
         _add_norm(plan, "encoder_norm", source, norm_type)
     if num_classes:
         add_torch_linear(plan, "head", "head")

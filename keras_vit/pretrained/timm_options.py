@@ -85,7 +85,11 @@ def timm_arguments(config: dict) -> tuple[str | None, dict]:
     name = config.get("architecture")
     entry = architectures().get(name) if isinstance(name, str) else None
     args = dict(entry["model_args"]) if entry else {}
-    args.update(config.get("model_args") or {})
+    # `timm.create_model` drops arguments given as None, so a null in
+    # `model_args` leaves the registered value in force (EVA-02's
+    # ref_feat_shape=None still rescales RoPE to 16x16).
+    given = config.get("model_args") or {}
+    args.update({k: v for k, v in given.items() if v is not None})
     return (entry["class"] if entry else None), args
 
 
@@ -107,6 +111,17 @@ def _norm(spec, default_eps: float, what: str) -> tuple[str, float]:
             "RmsNorm."
         )
     return NORMS[layer], eps
+
+
+def refuse_token_head(pool: str, num_classes: int) -> None:
+    """timm's `global_pool=''` with a head classifies every token; keras_vit's
+    head reads one pooled vector, so that is refused rather than dropped."""
+    if pool == "" and num_classes:
+        raise CheckpointError(
+            f"timm global_pool='' with a {num_classes}-class head applies the head "
+            "to every token, which keras_vit's ViT does not; save the checkpoint "
+            "with num_classes=0 for the tokens, or with a global_pool."
+        )
 
 
 def activation(args: dict) -> str:
