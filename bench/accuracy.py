@@ -408,7 +408,8 @@ def readme_table(report: dict) -> str:
     where = ", ".join(v for v in (report.get("cpu"), report["machine"]) if v)
     lines = [
         f"Held out on {report['dataset']} ({report['split']}), measured on "
-        f"{where} by `bench/accuracy.py`:",
+        f"{where} by `bench/accuracy.py`; wall times with other runs beside "
+        "them, a quiet machine takes about the CPU-seconds:",
         "",
         "| model | recipe | mean (min) over seeds | training s, wall (CPU-s) |",
         "| --- | --- | ---: | ---: |",
