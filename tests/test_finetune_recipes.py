@@ -207,6 +207,7 @@ def test_layer_decay_applies_to_a_distilled_student(tmp_path):
         {
             "smoke": "true",
             "distill.teacher": str(tmp_path / "teacher.keras"),
+            "model.pretrained": str(tmp_path / "teacher.keras"),
             "optim.layer_decay": "0.5",
         },
     )
