@@ -74,6 +74,10 @@ def test_config_takes_auto_from_the_command_line():
         "digits", parse_overrides(["--precision", "auto", "--jit_compile", "auto"])
     )
     assert (config.precision, config.jit_compile) == ("auto", "auto")
+    # A recipe whose jit_compile is "auto" takes a bool from the command line.
+    for text, value in (("false", False), ("true", True), ("0", False)):
+        config = load_recipe("digits", parse_overrides(["--jit_compile", text]))
+        assert config.jit_compile is value
     with pytest.raises(ValueError, match="jit_compile must be one of"):
         load_recipe("digits", {"jit_compile": "sometimes"})
 

@@ -63,7 +63,9 @@ def parse_value(key: str, text, default):
     """`text` parsed to the type of `default`; non-strings pass unchanged."""
     if not isinstance(text, str):
         return text
-    if isinstance(default, bool):
+    # `jit_compile` holds "auto" or a bool: parse it as a bool whichever of
+    # the two the recipe set, so `--jit_compile false` works on an "auto".
+    if isinstance(default, bool) or key == "jit_compile":
         lowered = text.lower()
         if lowered == "auto" and key in AUTO_KEYS:
             return "auto"
@@ -71,6 +73,8 @@ def parse_value(key: str, text, default):
             return True
         if lowered in ("false", "0", "no"):
             return False
+        if key in AUTO_KEYS:
+            return text  # the config's own check names what it accepts
         raise ValueError(f"{key} must be true or false, got {text!r}.")
     if isinstance(default, int | float | tuple):
         try:
