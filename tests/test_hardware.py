@@ -4,6 +4,7 @@ the trainer and predict record and print."""
 import dataclasses
 import json
 
+import keras
 import pytest
 
 from keras_vit import hardware
@@ -107,3 +108,19 @@ def test_trainer_resolves_prints_and_records_the_choice(tmp_path, capsys):
     from keras_vit.training.trainer import resolve_settings
 
     assert resolve_settings(fixed)[1]["auto"] == []
+
+
+def test_automatic_settings_count_a_hybrids_stem():
+    # The ViT formula leaves a hybrid's convolutional stem out; the settings
+    # are chosen from the whole model's count.
+    from keras_vit.analysis.flops import count_macs
+    from keras_vit.training.model_kinds import build_kind
+    from keras_vit.training.recipes import load_recipe
+    from keras_vit.training.trainer import resolve_settings
+
+    for recipe in ("mnist5k_hybrid", "mnist5k_cnn"):
+        config = load_recipe(recipe, {})
+        _, settings = resolve_settings(config)
+        expected = count_macs(build_kind(config, 10, config.model.image_size))
+        assert settings["macs_per_image"] == expected
+    assert keras.config.dtype_policy().name == "float32"
