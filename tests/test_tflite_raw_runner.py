@@ -1,7 +1,8 @@
-"""Every `.tflite` kind keras_vit writes refuses a wrong input by itself: run
-through LiteRT's own signature runner (what a phone app calls), not
-keras_vit's `tflite.Runner`, a wrong channel count, height, width, rank or
-dtype is an error, never an answer."""
+"""Every `.tflite` kind keras_vit writes, for every model kind (a ViT, a
+hybrid with a convolutional stem, a plain CNN), converts to builtin ops and
+refuses a wrong input by itself: run through LiteRT's own signature runner
+(what a phone app calls), not keras_vit's `tflite.Runner`, a wrong channel
+count, height, width, rank or dtype is an error, never an answer."""
 
 import keras
 import numpy as np
@@ -12,7 +13,9 @@ from keras_vit.deploy import int16, tflite
 from keras_vit.deploy.qat import int8_tflite
 from keras_vit.deploy.signatures import write_saved_model
 from keras_vit.models import qat
-from keras_vit.models.preprocessing import normalize_preprocessing
+from keras_vit.models.cnn import SmallCNN
+from keras_vit.models.hybrid import HybridViT
+from keras_vit.models.preprocessing import normalize_pixels, normalize_preprocessing
 from keras_vit.models.vit import ViT
 
 SIZE, CHANNELS, CLASSES = 8, 1, 4
@@ -35,28 +38,41 @@ WRONG_SHAPES = [
 ]
 
 
-def tiny_vit():
-    keras.utils.set_random_seed(0)
-    return ViT(
+TINY_TRANSFORMER = dict(hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32)
+# A convolution on the input needs its channel count known to the converter
+# (a hybrid's and a CNN's first layer); a ViT cuts patches by reshaping.
+MODEL_KINDS = {
+    "vit": lambda: ViT(
         "Ti/4",
         image_size=SIZE,
         num_classes=CLASSES,
         num_channels=CHANNELS,
-        hidden_dim=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_dim=32,
-    )
+        **TINY_TRANSFORMER,
+    ),
+    "hybrid": lambda: HybridViT(
+        "Ti",
+        image_size=SIZE,
+        num_classes=CLASSES,
+        num_channels=CHANNELS,
+        stem="cnn",
+        cnn_widths=(4, 8),
+        **TINY_TRANSFORMER,
+    ),
+    "cnn": lambda: SmallCNN(
+        SIZE, CLASSES, widths=(4, 8), num_channels=CHANNELS, name="tiny_cnn"
+    ),
+}
 
 
 def pixels(shape, dtype="float32", seed=0):
     return np.random.default_rng(seed).uniform(0, 255, shape).astype(dtype)
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(MODEL_KINDS))
+def files(request, tmp_path_factory):
     """Each kind's flatbuffer, and the Keras model they came from."""
-    model = tiny_vit()
+    keras.utils.set_random_seed(0)
+    model = MODEL_KINDS[request.param]()
     preprocessing = normalize_preprocessing(model, None)
     root = tmp_path_factory.mktemp("raw_runner")
     write_saved_model(model, root / "saved", LABELS, preprocessing)
@@ -88,7 +104,7 @@ def test_right_shape_answers_one_row_per_image(files, kind):
     if kind in ("float32", "float16"):
         # The guard changes no value: the float kinds still match Keras, to
         # 1e-2 of the logits' scale (float16 weights round at 1e-3).
-        expected = np.asarray(model(batch / preprocessing["pixel_scale"]))
+        expected = np.asarray(model(normalize_pixels(batch, preprocessing)))
         scale = np.max(np.abs(expected))
         assert np.max(np.abs(got["logits"] - expected)) <= 1e-2 * scale
 

@@ -159,8 +159,13 @@ class Graphs:
         offset = tf.reduce_max(tf.abs(shape - expected))
         checked_shape = tf.gather(shape, tf.range(4) + offset)
         guarded = tf.reshape(pixels, checked_shape)
-        guarded.set_shape([None, *self.shape])
-        return guarded
+        # The converter types the guarded tensor from its runtime shape
+        # (?x?x?x?); a convolution needs its channel count known to become a
+        # TFLite CONV_2D ("tf.Conv2D op is neither a custom op nor a flex
+        # op" for a hybrid or CNN). A SLICE of the whole tensor with static
+        # sizes gives that type back (the converter folds a second RESHAPE
+        # into the first, and the guard with it; EnsureShape is no builtin).
+        return tf.slice(guarded, [0, 0, 0, 0], [-1, *self.shape])
 
     def serving_default(self, pixels):
         return self.scores(self.checked(pixels))
