@@ -409,7 +409,8 @@ def readme_table(report: dict) -> str:
     lines = [
         f"Held out on {report['dataset']} ({report['split']}), measured on "
         f"{where} by `bench/accuracy.py`; wall times with other runs beside "
-        "them, a quiet machine takes about the CPU-seconds:",
+        "them; on a quiet machine of as many cores a run takes at most its "
+        "CPU-seconds:",
         "",
         "| model | recipe | mean (min) over seeds | training s, wall (CPU-s) |",
         "| --- | --- | ---: | ---: |",

@@ -144,3 +144,29 @@ def test_train_teacher_without_a_teacher_recipe_says_what_is_missing(tmp_path):
         prepare_teacher(config, train_missing=True)
     with pytest.raises(ValueError, match=r"is not a file; give a trained \.keras"):
         prepare_teacher(config)
+
+
+@pytest.mark.slow
+@needs_mlxtend
+def test_the_hybrid_recipe_exports_what_it_trains(tmp_path, monkeypatch):
+    # Smoke runs skip the export; the full recipe's last step is one, and a
+    # convolutional stem once failed there (TFLite conversion).
+    import dataclasses
+
+    monkeypatch.chdir(tmp_path)
+    config = load_recipe("mnist5k_hybrid", {"smoke": "true", "run_dir": "run"})
+    config = dataclasses.replace(
+        config, export_name="hybrid", export_root=str(tmp_path / "saved")
+    )
+    trainer.train(config)
+    saved = tmp_path / "saved"
+    exported = json.loads((saved / "hybrid" / "metadata.json").read_text())
+    # Every default kind converted to builtin ops, the stem as CONV_2D, and
+    # was checked against the Keras model (export_model's own parity check).
+    assert set(exported["tflite_ops"]) == {"float32", "float16", "dynamic_int8", "int8"}
+    assert all("CONV_2D" in ops for ops in exported["tflite_ops"].values())
+    assert {f"tflite_{kind}" for kind in exported["tflite_ops"]} <= set(
+        exported["parity"]
+    )
+    for name in exported["files"]:
+        assert (saved / name).exists()
