@@ -14,6 +14,9 @@ import dataclasses
 
 # Keys that also take "auto" (resolved by keras_vit.hardware at train time).
 AUTO_KEYS = ("precision", "jit_compile")
+# Of those, the ones whose value is otherwise a bool: true / false parse as
+# bools whether the recipe holds "auto" or a bool.
+BOOL_AUTO_KEYS = ("jit_compile",)
 # Fields that hold in-process data, not settings: no command line reaches them.
 HIDDEN_FIELDS = ("arrays",)
 
@@ -63,9 +66,7 @@ def parse_value(key: str, text, default):
     """`text` parsed to the type of `default`; non-strings pass unchanged."""
     if not isinstance(text, str):
         return text
-    # `jit_compile` holds "auto" or a bool: parse it as a bool whichever of
-    # the two the recipe set, so `--jit_compile false` works on an "auto".
-    if isinstance(default, bool) or key == "jit_compile":
+    if isinstance(default, bool) or key in BOOL_AUTO_KEYS:
         lowered = text.lower()
         if lowered == "auto" and key in AUTO_KEYS:
             return "auto"

@@ -218,7 +218,7 @@ def _macs_per_image(config: TrainConfig) -> int:
     """What the automatic settings are chosen from: a ViT's by formula; a
     hybrid's or CNN's counted on a throwaway float32 build, since the ViT
     formula leaves the convolutional stem out (a mnist5k hybrid: 16.7M by
-    the formula, 46.8M counted)."""
+    the formula, 46.0M counted)."""
     m = config.model
     if m.kind == "vit":
         return vit_macs(
