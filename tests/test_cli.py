@@ -394,6 +394,7 @@ TINY["mlp_dim"] = 64
         dict(pooling=None, include_top=False),
         dict(distilled=True, representation_size=24),
         dict(patch_norm=True, qkv_bias=False, layer_scale_init=1e-5),
+        dict(shifted_patches=True, patch_norm=True, distilled=True),
         dict(pool_norm=True, pooling="gap", image_size=(16, 24), num_channels=1),
         # DINOv2's classifier: a head over the class token and patch mean.
         dict(pooling="token_gap", num_register_tokens=2, layer_scale_init=1.0),

@@ -57,6 +57,7 @@ def test_dynamic_vit_gives_the_logits_of_with_image_size_models(tmp_path):
         dict(position_embedding="sincos", pooling="gap"),
         dict(pooling="map", num_register_tokens=2),
         dict(distilled=True, patch_norm=True),
+        dict(shifted_patches=True, pooling="gap"),
     ],
 )
 def test_every_pooling_and_embedding_follows_the_grid(options):

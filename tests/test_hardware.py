@@ -124,3 +124,26 @@ def test_automatic_settings_count_a_hybrids_stem():
         expected = count_macs(build_kind(config, 10, config.model.image_size))
         assert settings["macs_per_image"] == expected
     assert keras.config.dtype_policy().name == "float32"
+
+
+def test_automatic_settings_count_the_vit_the_trainer_builds():
+    # The ViT's formula gets the same options as the model: a distillation
+    # token, shifted patches and their norms all count.
+    from keras_vit.analysis.flops import count_macs
+    from keras_vit.training.recipes import load_recipe
+    from keras_vit.training.trainer import build_model, resolve_settings
+
+    small_data = {"model.shifted_patches": True, "model.position_embedding": "sincos"}
+    for recipe, overrides in [
+        ("mnist5k", {}),
+        ("mnist5k_deit", {}),
+        ("mnist5k_deit", small_data),
+    ]:
+        config = load_recipe(recipe, overrides)
+        _, settings = resolve_settings(config)
+        model = build_model(config, 10)
+        assert settings["macs_per_image"] == count_macs(model)
+    # The keys reach the model.
+    assert model.get_layer("patches").shifted
+    assert model.get_layer("patch_encoder").position_embedding == "sincos"
+    assert model.get_layer("patch_encoder").patch_norm

@@ -131,12 +131,20 @@ def test_non_utf8_file_name_is_named(tmp_path):
         ("model.resize_at", "5", "model.resize_at must be ((step, image_size), ...)"),
         ("optim.learning_rate", "nan", "optim.learning_rate must be a float"),
         ("data.mixup_alpha", "1e999", "data.mixup_alpha must be a finite number"),
+        ("model.position_embedding", "rope", "model.position_embedding must be one"),
     ],
 )
 def test_config_numbers_are_checked_by_name(tmp_path, option, value, message):
     with pytest.raises(ValueError) as error:
         validate(tiny(tmp_path, **{option: value}))
     assert message in str(error.value)
+
+
+def test_shifted_patches_are_refused_on_a_hybrid(tmp_path):
+    with pytest.raises(ValueError, match='model.shifted_patches .* kind "vit" only'):
+        validate(
+            tiny(tmp_path, **{"model.kind": "hybrid", "model.shifted_patches": "1"})
+        )
 
 
 def test_one_number_for_a_per_channel_key_means_every_channel(tmp_path):

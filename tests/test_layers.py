@@ -20,6 +20,7 @@ def random(*shape):
 
 LAYERS = [
     (Patches(4), (2, 8, 12, 3)),
+    (Patches(4, shifted=True), (2, 8, 12, 3)),
     (PatchEncoder(16), (2, 9, 12)),
     (
         PatchEncoder(
@@ -81,6 +82,40 @@ def test_patches_compile_with_xla():
     layer = Patches(8)
     compiled = tf.function(layer, jit_compile=True)
     np.testing.assert_array_equal(compiled(images), layer(images))
+
+
+def test_shifted_patches_hold_the_patch_and_its_four_diagonal_half_shifts():
+    images = random(2, 8, 12, 3)
+    patches = np.asarray(Patches(4, shifted=True)(images))
+    assert patches.shape == (2, 6, 5 * 48)
+    # Each copy is an image moved by (dy, dx) half patches (2 pixels), zero
+    # where it moved in from outside; patch 4 is grid row 1, column 1.
+    padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)))
+    copies = [images] + [
+        padded[:, 2 - 2 * dy : 10 - 2 * dy, 2 - 2 * dx : 14 - 2 * dx]
+        for dy, dx in Patches.SHIFTS
+    ]
+    expected = np.concatenate(copies, axis=-1)[:, 4:8, 4:8].reshape(2, -1)
+    np.testing.assert_array_equal(patches[:, 4], expected)
+    # The unshifted channels are the plain patches.
+    plain = np.asarray(Patches(4)(images))
+    np.testing.assert_array_equal(
+        patches.reshape(2, 6, 16, 5, 3)[:, :, :, 0], plain.reshape(2, 6, 16, 3)
+    )
+
+
+def test_shifted_patches_at_any_size_and_under_xla():
+    layer = Patches(4, shifted=True, flatten=False)
+    images = random(2, 12, 8, 1)
+    fixed = np.asarray(layer(images))
+    dynamic = tf.function(layer, input_signature=[tf.TensorSpec((None, None, None, 1))])
+    np.testing.assert_array_equal(dynamic(images), fixed)
+    compiled = tf.function(layer, jit_compile=True)
+    np.testing.assert_array_equal(compiled(images), fixed)
+    with pytest.raises(ValueError, match="patch_size >= 2"):
+        Patches(1, shifted=True)
+    with pytest.raises(ValueError, match="`shifted` must be True or False"):
+        Patches(4, shifted=1)
 
 
 def test_patch_encoder_prefix_tokens_and_learned_embedding():

@@ -1,8 +1,9 @@
-"""Every `.tflite` kind keras_vit writes, for every model kind (a ViT, a
-hybrid with a convolutional stem, a plain CNN), converts to builtin ops and
-refuses a wrong input by itself: run through LiteRT's own signature runner
-(what a phone app calls), not keras_vit's `tflite.Runner`, a wrong channel
-count, height, width, rank or dtype is an error, never an answer."""
+"""Every `.tflite` kind keras_vit writes, for every model kind (a ViT, one
+with shifted patches, a hybrid with a convolutional stem, a plain
+CNN), converts to builtin ops and refuses a wrong input by itself: run
+through LiteRT's own signature runner (what a phone app calls), not
+keras_vit's `tflite.Runner`, a wrong channel count, height, width, rank or
+dtype is an error, never an answer."""
 
 import keras
 import numpy as np
@@ -47,6 +48,16 @@ MODEL_KINDS = {
         image_size=SIZE,
         num_classes=CLASSES,
         num_channels=CHANNELS,
+        **TINY_TRANSFORMER,
+    ),
+    # Shifted patch tokenisation: pads, slices and concatenates the image.
+    "vit_spt": lambda: ViT(
+        "Ti/4",
+        image_size=SIZE,
+        num_classes=CLASSES,
+        num_channels=CHANNELS,
+        shifted_patches=True,
+        patch_norm=True,
         **TINY_TRANSFORMER,
     ),
     "hybrid": lambda: HybridViT(

@@ -216,6 +216,7 @@ def test_saved_keras_file_reloads_in_a_fresh_process(tmp_path):
         distilled=True,
         representation_size=16,
         patch_norm=True,
+        shifted_patches=True,
         layer_scale_init=1e-3,
         image_size=(16, 24),
     )

@@ -20,7 +20,7 @@ import keras
 
 from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
 from keras_vit.models.hybrid import StdConv2D
-from keras_vit.models.layers import PatchEncoder
+from keras_vit.models.layers import PatchEncoder, Patches
 from keras_vit.models.pooling import MAPHead
 from keras_vit.models.sublayers import MLP, LayerScale
 from keras_vit.models.vit import resolve_architecture
@@ -211,7 +211,9 @@ def _vit_shape(variant, image_size, num_channels, options):
         class_token = class_token or distilled
     prefix = int(bool(class_token)) + int(distilled)
     num_patches = (height // p) * (width // p)
-    return arch, num_patches, p * p * num_channels, prefix, options
+    # Shifted patch tokenisation: the patch and four shifted copies of it.
+    copies = 1 + len(Patches.SHIFTS) if options.get("shifted_patches", False) else 1
+    return arch, num_patches, p * p * num_channels * copies, prefix, options
 
 
 _COUNTED_OPTIONS = {
@@ -222,6 +224,7 @@ _COUNTED_OPTIONS = {
     "class_token",
     "position_embedding",
     "patch_norm",
+    "shifted_patches",
     "qkv_bias",
     "layer_scale_init",
     "num_register_tokens",

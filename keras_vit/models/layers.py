@@ -17,6 +17,9 @@ from keras_vit.models.norms import make_norm
 from keras_vit.models.position import sincos_position_embedding
 from keras_vit.models.sublayers import check_rate, register, with_sublayer_policies
 
+# PatchEncoder's absolute position tables.
+POSITION_EMBEDDINGS = ("learned", "sincos", "none")
+
 
 @register
 class Patches(keras.layers.Layer):
@@ -33,18 +36,29 @@ class Patches(keras.layers.Layer):
             on their grid, `(batch, rows, cols, patch_dim)`, which is what a
             dynamic-size model feeds `PatchEncoder` so that it knows the grid
             of every image size.
+        shifted: bool, shifted patch tokenisation (SPT, Lee et al. 2021,
+            "Vision Transformer for Small-Size Datasets"): each patch also
+            holds the pixels of the image moved by half a patch in the four
+            diagonal directions (zero-filled at the border), so a token sees
+            its neighbours' edges: `5 * patch_size**2 * channels` values.
 
     Call arguments:
         images: `(batch, height, width, channels)`; height and width must be
             multiples of `patch_size`, and may be unknown until run time.
 
     Returns:
-        `(batch, num_patches, patch_size * patch_size * channels)`, patches in
-        row-major order over the `(height // patch_size, width // patch_size)`
-        grid; with `flatten=False`, `(batch, rows, cols, patch_dim)`.
+        `(batch, num_patches, patch_size * patch_size * channels)` (five times
+        that with `shifted`), patches in row-major order over the
+        `(height // patch_size, width // patch_size)` grid; with
+        `flatten=False`, `(batch, rows, cols, patch_dim)`.
     """
 
-    def __init__(self, patch_size: int, flatten: bool = True, **kwargs):
+    # SPT's four diagonal moves, as multiples of half a patch (rows, columns).
+    SHIFTS = ((-1, -1), (-1, 1), (1, -1), (1, 1))
+
+    def __init__(
+        self, patch_size: int, flatten: bool = True, shifted: bool = False, **kwargs
+    ):
         super().__init__(**kwargs)
         if isinstance(patch_size, bool) or not isinstance(patch_size, int):
             raise ValueError(f"`patch_size` must be an int, got {patch_size!r}.")
@@ -52,8 +66,14 @@ class Patches(keras.layers.Layer):
             raise ValueError(f"`patch_size` must be >= 1, got {patch_size}.")
         if not isinstance(flatten, bool):
             raise ValueError(f"`flatten` must be True or False, got {flatten!r}.")
+        if not isinstance(shifted, bool):
+            raise ValueError(f"`shifted` must be True or False, got {shifted!r}.")
+        if shifted and patch_size < 2:
+            raise ValueError("`shifted=True` needs patch_size >= 2 (half a patch).")
         self.patch_size = patch_size
         self.flatten = flatten
+        self.shifted = shifted
+        self.copies = 1 + len(self.SHIFTS) if shifted else 1
 
     def _grid(self, input_shape) -> tuple[int, int]:
         if len(input_shape) != 4:
@@ -85,6 +105,8 @@ class Patches(keras.layers.Layer):
                 f"{tuple(images.shape)}."
             )
         p = self.patch_size
+        if self.shifted:
+            images = self._with_shifted_copies(images)
         channels = images.shape[-1]
         if rows is None or cols is None:
             # Known only at run time, where keras.ops cannot raise a message
@@ -102,10 +124,24 @@ class Patches(keras.layers.Layer):
             return ops.reshape(x, (-1, rows, cols, p * p * channels))
         return ops.reshape(x, (-1, rows * cols, p * p * channels))
 
+    def _with_shifted_copies(self, images):
+        """`images` and its four half-patch diagonal moves on the channels:
+        with `s = patch_size // 2`, the copy moved by `(dy, dx)` holds pixel
+        `(i - dy * s, j - dx * s)` at `(i, j)`, zero where that falls
+        outside."""
+        s = self.patch_size // 2
+        height, width = ops.shape(images)[1], ops.shape(images)[2]
+        padded = ops.pad(images, ((0, 0), (s, s), (s, s), (0, 0)))
+        copies = [images]
+        for dy, dx in self.SHIFTS:
+            top, left = s - dy * s, s - dx * s
+            copies.append(padded[:, top : top + height, left : left + width, :])
+        return ops.concatenate(copies, axis=-1)
+
     def compute_output_shape(self, input_shape):
         rows, cols = self._grid(input_shape)
         p = self.patch_size
-        patch_dim = p * p * input_shape[-1]
+        patch_dim = p * p * input_shape[-1] * self.copies
         if not self.flatten:
             return (input_shape[0], rows, cols, patch_dim)
         tokens = None if rows is None or cols is None else rows * cols
@@ -116,6 +152,7 @@ class Patches(keras.layers.Layer):
             **super().get_config(),
             "patch_size": self.patch_size,
             "flatten": self.flatten,
+            "shifted": self.shifted,
         }
 
 
@@ -190,7 +227,7 @@ class PatchEncoder(keras.layers.Layer):
                 f"{num_register_tokens!r}."
             )
         self.num_register_tokens = num_register_tokens
-        if position_embedding not in ("learned", "sincos", "none"):
+        if position_embedding not in POSITION_EMBEDDINGS:
             raise ValueError(
                 "`position_embedding` must be 'learned', 'sincos' or 'none', got "
                 f"{position_embedding!r}."

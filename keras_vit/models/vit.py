@@ -488,6 +488,8 @@ def ViT(
             table at another size: `"bicubic"`, `"bilinear"`, or the
             source library's `"timm"`, `"hf"`, `"big_vision"`), `patch_norm`,
             `pool_norm` (LayerNorm after pooling, timm's `fc_norm`),
+            `shifted_patches` (each patch with its four half-patch
+            diagonal shifts, SPT: locality for small data, see `Patches`),
             `pool_include_prefix` (whether `"map"` pooling attends to the
             class and register tokens too; timm's flag),
             `dropout_rate`, `attention_dropout_rate`, `drop_path_rate`
@@ -523,7 +525,10 @@ def ViT(
     # Patches on their grid tell the encoder each image's grid.
     spatial = (None, None) if dynamic_size else (height, width)
     inputs = image_input(*spatial, num_channels)
-    patches = Patches(p, flatten=not dynamic_size, name="patches")(inputs)
+    shifted = options.pop("shifted_patches", False)
+    patches = Patches(p, flatten=not dynamic_size, shifted=shifted, name="patches")(
+        inputs
+    )
     return build_transformer(
         inputs,
         patches,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from keras_vit.files import check_path_text
 from keras_vit.hardware import PRECISIONS
+from keras_vit.models.layers import POSITION_EMBEDDINGS
 from keras_vit.models.preprocessing import DEFAULT_MEAN, DEFAULT_STD, RESIZE_METHODS
 from keras_vit.models.vit import (
     ARCHITECTURE_KEYS,
@@ -96,6 +97,11 @@ class ModelConfig:
     num_heads: int = 0
     mlp_dim: int = 0
     pooling: str = "token"
+    # "learned" (ViT) or "sincos" (fixed 2-D sine-cosine, Beyer et al. 2022).
+    position_embedding: str = "learned"
+    # Shifted patch tokenisation (`Patches(shifted=True)`, with the patch
+    # LayerNorms of `patch_norm` as in the SPT paper), kind "vit" only.
+    shifted_patches: bool = False
     representation_size: int = 0
     dropout_rate: float = 0.0
     attention_dropout_rate: float = 0.0
@@ -292,6 +298,16 @@ def _validate_model(model: ModelConfig) -> None:
     for key in ("dropout_rate", "attention_dropout_rate", "drop_path_rate"):
         _check(f"model.{key}", getattr(model, key), 0.0, 0.99)
     _check("model.layer_scale_init", model.layer_scale_init, 0.0)
+    if model.shifted_patches and model.kind != "vit":
+        raise ValueError(
+            "model.shifted_patches cuts the image itself into patches: "
+            f'kind "vit" only, got kind {model.kind!r}.'
+        )
+    if model.position_embedding not in POSITION_EMBEDDINGS:
+        raise ValueError(
+            f"model.position_embedding must be one of {list(POSITION_EMBEDDINGS)}, "
+            f"got {model.position_embedding!r}."
+        )
     if model.remat and (
         model.kind == "cnn" or model.dropout_rate or model.attention_dropout_rate
     ):

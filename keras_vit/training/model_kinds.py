@@ -59,6 +59,7 @@ def build_kind(config: TrainConfig, num_classes: int, image_size: int) -> keras.
         num_channels=config.data.num_channels,
         **overrides,
         pooling=m.pooling,
+        position_embedding=m.position_embedding,
         dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate,
         drop_path_rate=m.drop_path_rate,

@@ -48,23 +48,16 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
     if m.kind != "vit":
         model = build_kind(config, num_classes, image_size or m.image_size)
         return _finish_model(model, m)
-    options = {
-        **m.architecture_overrides(),
-        "representation_size": m.representation_size or None,
-        "layer_scale_init": m.layer_scale_init or None,
-    }
     model = ViT(
         m.variant,
         image_size=image_size or m.image_size,
         num_classes=num_classes,
         num_channels=config.data.num_channels,
-        pooling=m.pooling,
         dropout_rate=m.dropout_rate,
         attention_dropout_rate=m.attention_dropout_rate,
         drop_path_rate=m.drop_path_rate,
         remat=m.remat,
-        distilled=m.distilled,
-        **options,
+        **_vit_options(m),
     )
     if m.pretrained and Path(m.pretrained).suffix != ".keras":
         from keras_vit.pretrained.convert import convert_checkpoint
@@ -74,6 +67,23 @@ def build_model(config: TrainConfig, num_classes: int, image_size: int | None = 
         )
         return _finish_model(model, m, loaded=True)
     return _finish_model(model, m)
+
+
+def _vit_options(m) -> dict:
+    """The `ViT` options of `model` that set its weights and products: what
+    `build_model` builds and the automatic settings count (`vit_macs`)."""
+    return {
+        **m.architecture_overrides(),
+        "representation_size": m.representation_size or None,
+        "layer_scale_init": m.layer_scale_init or None,
+        "pooling": m.pooling,
+        "position_embedding": m.position_embedding,
+        "shifted_patches": m.shifted_patches,
+        # The SPT paper normalises the shifted patches before and after the
+        # projection.
+        "patch_norm": m.shifted_patches,
+        "distilled": m.distilled,
+    }
 
 
 def _finish_model(model: keras.Model, m, loaded: bool = False) -> keras.Model:
@@ -226,7 +236,7 @@ def _macs_per_image(config: TrainConfig) -> int:
             m.image_size,
             10,
             num_channels=config.data.num_channels,
-            **m.architecture_overrides(),
+            **_vit_options(m),
         )
     policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy("float32")
