@@ -40,26 +40,25 @@ WRONG_SHAPES = [
 
 
 TINY_TRANSFORMER = dict(hidden_dim=16, num_layers=1, num_heads=2, mlp_dim=32)
+
+
+def tiny_vit(**options):
+    return ViT(
+        "Ti/4",
+        image_size=SIZE,
+        num_classes=CLASSES,
+        num_channels=CHANNELS,
+        **TINY_TRANSFORMER,
+        **options,
+    )
+
+
 # A convolution on the input needs its channel count known to the converter
 # (a hybrid's and a CNN's first layer); a ViT cuts patches by reshaping.
 MODEL_KINDS = {
-    "vit": lambda: ViT(
-        "Ti/4",
-        image_size=SIZE,
-        num_classes=CLASSES,
-        num_channels=CHANNELS,
-        **TINY_TRANSFORMER,
-    ),
+    "vit": tiny_vit,
     # Shifted patch tokenisation: pads, slices and concatenates the image.
-    "vit_spt": lambda: ViT(
-        "Ti/4",
-        image_size=SIZE,
-        num_classes=CLASSES,
-        num_channels=CHANNELS,
-        shifted_patches=True,
-        patch_norm=True,
-        **TINY_TRANSFORMER,
-    ),
+    "vit_spt": lambda: tiny_vit(shifted_patches=True, patch_norm=True),
     "hybrid": lambda: HybridViT(
         "Ti",
         image_size=SIZE,
