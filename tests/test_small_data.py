@@ -63,9 +63,45 @@ def test_rotation_turns_about_the_centre_and_zoom_scales_the_distance():
         assert 0.8 * radius - 0.35 <= scaled <= 1.2 * radius + 0.35
 
 
+def test_elastic_distortion_moves_pixels_by_a_smooth_field_of_the_set_scale():
+    """A two-channel ramp (x, y) resampled bilinearly gives back the sampled
+    coordinates exactly, so the output minus the ramp is the displacement
+    field itself."""
+    size, alpha, sigma = 32, 20.0, 4.0
+    ys, xs = np.indices((size, size)).astype("float32")
+    ramp = tf.constant(np.stack([xs, ys], axis=-1))
+    augmenter = Augmenter(
+        (size, size), elastic_alpha=alpha, elastic_sigma=sigma, seed=5
+    )
+    fields = []
+    for index in range(4):
+        out = augmenter.element(ramp, tf.constant(index)).numpy()
+        np.testing.assert_array_equal(
+            out, augmenter.element(ramp, tf.constant(index)).numpy()
+        )
+        # Away from the border, where zeros come in from outside.
+        fields.append((out - ramp.numpy())[8:-8, 8:-8])
+    fields = np.array(fields)
+    dx, dy = fields[..., 0], fields[..., 1]
+    # Uniform [-1, 1] noise (std 1/sqrt(3)) through a unit-sum Gaussian of
+    # sigma s keeps 1 / (2 sqrt(pi) s) of its std (continuous limit): about
+    # 0.81 pixels here. Half to twice that allows for the sample of 4 fields.
+    expected = alpha / np.sqrt(3) / (2 * np.sqrt(np.pi) * sigma)
+    assert 0.5 * expected < fields.std() < 2.0 * expected
+    # The two components are drawn apart (not one field on the diagonal)...
+    assert abs(np.corrcoef(dx.ravel(), dy.ravel())[0, 1]) < 0.5
+    # ... each element has its own field ...
+    assert np.abs(fields[0] - fields[1]).mean() > 0.2 * expected
+    # ... and it is smooth: neighbours move together.
+    neighbours = np.corrcoef(dx[:, :, :-1].ravel(), dx[:, :, 1:].ravel())[0, 1]
+    assert neighbours > 0.9
+
+
 def test_augmentation_bounds_are_validated():
     with pytest.raises(ValueError, match=r"data.translate must be in \[0.0, 0.5\]"):
         config_lib.validate_data_config(config_lib.DataConfig(translate=0.6))
+    with pytest.raises(ValueError, match=r"data.elastic_sigma must be in"):
+        config_lib.validate_data_config(config_lib.DataConfig(elastic_sigma=0.0))
 
 
 def test_mnist5k_is_a_fixed_stratified_split_or_says_how_to_install():

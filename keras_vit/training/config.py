@@ -68,6 +68,10 @@ class DataConfig:
     translate: float = 0.0
     rotate: float = 0.0
     zoom: float = 0.0
+    # Elastic distortion after the warp (Simard et al. 2003), in pixels at
+    # the model's resolution: field scale (0 = off) and smoothing.
+    elastic_alpha: float = 0.0
+    elastic_sigma: float = 4.0
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     arrays: dict | None = field(default=None, repr=False)  # in-process only
@@ -443,6 +447,8 @@ def validate_data_config(config: DataConfig) -> None:
         ("translate", 0.0, 0.5),
         ("rotate", 0.0, 180.0),
         ("zoom", 0.0, 0.9),
+        ("elastic_alpha", 0.0, 1000.0),
+        ("elastic_sigma", 0.1, 100.0),
     ):
         _check(f"data.{key}", getattr(config, key), low, high)
     for key in ("mean", "std"):

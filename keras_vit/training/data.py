@@ -188,6 +188,8 @@ def make_train_dataset(
         translate=config_data.translate,
         rotate=config_data.rotate,
         zoom=config_data.zoom,
+        elastic_alpha=config_data.elastic_alpha,
+        elastic_sigma=config_data.elastic_sigma,
         mixup_alpha=config_data.mixup_alpha,
         cutmix_alpha=config_data.cutmix_alpha,
         pixel_scale=config_data.pixel_scale,
