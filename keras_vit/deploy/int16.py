@@ -25,9 +25,10 @@ from keras import ops
 from keras_vit.deploy.signatures import write_saved_model
 
 
-def _plain_layer_norm(layer, inputs):
+def _plain_layer_norm(layer, inputs, training=None):
+    # `training`: keras_vit's LayerNorm takes it (an export traces False).
     if list(layer.axis) not in ([-1], [len(inputs.shape) - 1]) or layer.rms_scaling:
-        return type(layer).call(layer, inputs)
+        return keras.layers.LayerNormalization.call(layer, inputs)
     x = ops.cast(inputs, "float32")
     mean = ops.mean(x, axis=-1, keepdims=True)
     centred = x - mean

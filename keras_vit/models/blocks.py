@@ -11,6 +11,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_vit.models import fused
 from keras_vit.models.norms import check_norm_type, make_norm
 from keras_vit.models.rope import apply_rope
 from keras_vit.models.sublayers import (
@@ -18,6 +19,7 @@ from keras_vit.models.sublayers import (
     DropPath,
     LayerScale,
     check_rate,
+    project,
     register,
     with_sublayer_policies,
 )
@@ -184,7 +186,7 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         heads, head_dim = self.num_heads, self.head_dim
         # The projections run on (batch * num_tokens, hidden_dim): a 2-D
         # MatMul + BiasAdd is what oneDNN fuses into one kernel (README, Performance).
-        qkv = self.qkv(ops.reshape(x, (-1, hidden_dim)))
+        qkv = project(self.qkv, ops.reshape(x, (-1, hidden_dim)), training)
         # One transpose to (3, batch * heads, num_tokens, head_dim) makes both
         # attention products plain 3-D batched matmuls with contiguous
         # operands: 15% (XLA) to 30% (no XLA) less time than einsums over
@@ -209,15 +211,21 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         logits = self._attention_matmul(
             q, ops.transpose(k, (0, 2, 1)), "logits", training=training
         )
-        probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
-        probs = self.probs_dropout(probs, training=training)
+        if fused.active(training) and not return_attention_scores:
+            probs = fused.softmax(logits, v.dtype)
+        else:
+            probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        if self.attention_dropout_rate:
+            # A float32 layer: called at rate 0 it would still cast the
+            # probabilities to float32 and back.
+            probs = self.probs_dropout(probs, training=training)
         out = self._attention_matmul(
             ops.cast(probs, v.dtype), v, "context", training=training
         )
         out = ops.transpose(
             ops.reshape(out, (-1, heads, queries, head_dim)), (0, 2, 1, 3)
         )
-        out = self.proj(ops.reshape(out, (-1, heads * head_dim)))
+        out = project(self.proj, ops.reshape(out, (-1, heads * head_dim)), training)
         out = ops.reshape(out, (-1, queries, hidden_dim))
         out = self.output_dropout(out, training=training)
         if return_attention_scores:

@@ -257,11 +257,11 @@ class PatchEncoder(keras.layers.Layer):
             self.dropout_rate, dtype=policy, name="embedding_dropout"
         )
         if self.patch_norm:
-            self.input_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, dtype=policy, name="input_norm"
+            self.input_norm = make_norm(
+                "layernorm", layer_norm_epsilon, "input_norm", policy
             )
-            self.output_norm = keras.layers.LayerNormalization(
-                epsilon=layer_norm_epsilon, dtype=policy, name="output_norm"
+            self.output_norm = make_norm(
+                "layernorm", layer_norm_epsilon, "output_norm", policy
             )
 
     @property

@@ -1,10 +1,13 @@
 """The normalisations the ViT families use: LayerNorm (the paper's) and
-RMSNorm (AIMv2), behind one factory, written with `keras.ops` only."""
+RMSNorm (AIMv2), behind one factory, written with `keras.ops` (LayerNorm's
+training calls on TensorFlow take the fused kernel of `models.fused`)."""
 
 from __future__ import annotations
 
 import keras
 from keras import ops
+
+from keras_vit.models import fused
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -17,6 +20,26 @@ def check_norm_type(norm_type: str) -> str:
             f"`norm_type` must be 'layernorm' or 'rmsnorm', got {norm_type!r}."
         )
     return norm_type
+
+
+@register
+class LayerNorm(keras.layers.LayerNormalization):
+    """Keras' `LayerNormalization`, whose training calls on TensorFlow over
+    the last axis run one fused kernel forward and one backward
+    (`models.fused.layer_norm`); every other call is Keras' own. Same
+    arguments, weights and outputs (up to float rounding).
+
+    Call arguments:
+        inputs: any shape.
+        training: bool, whether this is a training call.
+    """
+
+    def call(self, inputs, training=None):
+        last_axis = list(self.axis) in ([-1], [len(inputs.shape) - 1])
+        plain = self.gamma is not None and self.beta is not None
+        if fused.active(training) and last_axis and plain and not self.rms_scaling:
+            return fused.layer_norm(inputs, self.gamma, self.beta, self.epsilon)
+        return super().call(inputs)
 
 
 @register
@@ -64,4 +87,4 @@ def make_norm(norm_type: str, epsilon: float, name: str, dtype=None):
     """A LayerNorm or RMSNorm named `name`; both keep their scale in `gamma`."""
     if check_norm_type(norm_type) == "rmsnorm":
         return RMSNorm(epsilon, dtype=dtype, name=name)
-    return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
+    return LayerNorm(epsilon=epsilon, dtype=dtype, name=name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_vit.models.norms import make_norm
 from keras_vit.models.sublayers import MLP, MLP_ACTIVATIONS, register
 
 
@@ -99,9 +100,7 @@ class MAPHead(keras.layers.Layer):
             2 * hidden_dim, use_bias=self.qkv_bias, dtype=policy, name="key_value"
         )
         self.proj = keras.layers.Dense(hidden_dim, dtype=policy, name="proj")
-        self.norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=policy, name="norm"
-        )
+        self.norm = make_norm("layernorm", self.layer_norm_epsilon, "norm", policy)
         self.mlp = MLP(
             self.mlp_dim, activation=self.activation, dtype=policy, name="mlp"
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from keras_vit.models import fused
 from keras_vit.models.norms import check_norm_type, make_norm
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
@@ -43,10 +44,43 @@ def check_rate(name: str, value: float) -> float:
     return float(value)
 
 
+def plain_dense(dense) -> bool:
+    """Whether `dense` is a float `Dense` with a bias and no activation,
+    adapters, quantization or subclass: `x @ kernel + bias` and nothing its
+    own call would add."""
+    return (
+        type(dense) is keras.layers.Dense
+        and dense.use_bias
+        and dense.activation is keras.activations.linear
+        and not dense.lora_enabled
+        and dense.quantization_mode is None
+    )
+
+
+def bare_product(dense, x):
+    """`x @ kernel` of a `plain_dense`, in its compute dtype."""
+    dtype = dense.compute_dtype
+    return ops.matmul(ops.cast(x, dtype), ops.cast(dense.kernel, dtype))
+
+
+def project(dense, x, training=None):
+    """`dense(x)`; in a fused training call (`models.fused`) a plain `Dense`
+    computing in bfloat16 or float16 runs as the bare product and
+    `fused.bias_add`, which keeps the product on oneDNN's fastest kernel. In
+    float32 oneDNN's MatMul + BiasAdd kernel costs what the bare product does
+    (measured at the ViT's shapes), so `Dense` keeps its own call."""
+    low_precision = dense.compute_dtype != "float32"
+    if fused.active(training) and low_precision and plain_dense(dense):
+        return fused.bias_add(bare_product(dense, x), dense.bias)
+    return dense(x)
+
+
 MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 
 
-def activate(x, activation: str, approximate_gelu: bool = False):
+def activate(x, activation: str, approximate_gelu: bool = False, training=None):
+    if activation == "gelu" and not approximate_gelu and fused.active(training):
+        return fused.gelu(x)
     if activation == "gelu":
         return ops.gelu(x, approximate=approximate_gelu)
     if activation == "gelu_tanh":
@@ -151,17 +185,30 @@ class MLP(keras.layers.Layer):
                 ops.shape(x)[i] if d is None else d for i, d in enumerate(x.shape[:-1])
             )
         h = ops.reshape(x, (-1, x.shape[-1]))
-        h = self.fc1(h)
-        if self.gated:
-            gate, value = h[:, : self.mlp_dim], h[:, self.mlp_dim :]
-            h = activate(gate, self.activation, self.approximate_gelu) * value
+        if fused.active(training) and self._fusable_fc1():
+            # The bare product, then bias and GELU in one kernel (models.fused).
+            h = fused.bias_gelu(bare_product(self.fc1, h), self.fc1.bias)
         else:
-            h = activate(h, self.activation, self.approximate_gelu)
+            h = self.fc1(h)
+            if self.gated:
+                gate, value = h[:, : self.mlp_dim], h[:, self.mlp_dim :]
+                h = activate(gate, self.activation, self.approximate_gelu) * value
+            else:
+                h = activate(h, self.activation, self.approximate_gelu, training)
         h = self.hidden_dropout(h, training=training)
         if self.norm is not None:
             h = self.norm(h)
-        h = self.output_dropout(self.fc2(h), training=training)
+        h = self.output_dropout(project(self.fc2, h, training), training=training)
         return ops.reshape(h, (*leading, h.shape[-1]))
+
+    def _fusable_fc1(self) -> bool:
+        """Whether `fc1` is a plain `Dense` followed by exact GELU."""
+        return (
+            not self.gated
+            and self.activation == "gelu"
+            and not self.approximate_gelu
+            and plain_dense(self.fc1)
+        )
 
     def compute_output_shape(self, input_shape):
         return input_shape

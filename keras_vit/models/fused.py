@@ -1,0 +1,230 @@
+"""Fused element-wise kernels for training on TensorFlow: exact GELU, the
+bias add after a matrix product (alone or with GELU), LayerNorm and the
+attention softmax, each one XLA kernel forward and one backward, between
+oneDNN's matrix products.
+
+Why (docs/performance.md, "Fused element-wise kernels"): without XLA,
+TensorFlow runs GELU and LayerNorm as chains of separate element-wise ops,
+each a pass over memory, and in bfloat16 each op converts every element to
+float32 and back on its own. In a mixed-bfloat16 training step of ViT-Ti/16
+(224, batch 32) on a CPU with AMX, GELU's forward and backward took 29% of
+the op time and LayerNorm's 17%, more than the matrix products. Compiling
+the whole step with XLA fuses them but loses oneDNN's bfloat16 matrix
+products (XLA:CPU's dots do not use AMX or AVX512_BF16). Compiling only these
+small functions keeps both. Each kernel computes in float32 whatever the
+input dtype and returns the input's dtype.
+
+TensorFlow's oneDNN rewrite turns a bfloat16 MatMul + BiasAdd into an inner
+product that does not use AMX (TensorFlow 2.21: twice the time of the bare
+product at the MLP's shapes), and sums the bias gradient with a bfloat16
+BiasAddGrad. `bias_add` and `bias_gelu` (the bias inside the GELU kernel)
+leave the product a bare MatMul and sum the bias gradient in float32 in
+their backward kernel.
+
+Used only in training calls on the TensorFlow backend (`active`): inference,
+exports and other backends keep the `keras.ops` graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import keras
+
+_enabled = True
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within the block, layers take the `keras.ops` path in training too
+    (for comparisons); models traced inside keep it."""
+    global _enabled
+    previous, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = previous
+
+
+def active(training) -> bool:
+    """Whether a layer call with this `training` uses the fused kernels: a
+    Python `True` on the TensorFlow backend, unless `disabled()`."""
+    return (
+        _enabled
+        and isinstance(training, bool)
+        and training
+        and keras.backend.backend() == "tensorflow"
+    )
+
+
+@functools.cache
+def _kernels():
+    import tensorflow as tf
+
+    # reduce_retracing: one trace per rank, not per shape; XLA still compiles
+    # (and caches) one executable per concrete shape.
+    compiled = functools.partial(
+        tf.function, jit_compile=True, reduce_retracing=True, autograph=False
+    )
+    rsqrt2 = 1.0 / math.sqrt(2.0)
+    rsqrt2pi = 1.0 / math.sqrt(2.0 * math.pi)
+
+    def sum_leading(x):
+        """Sum over every axis but the last (traced with any rank: retracing
+        is reduced to shapes of unknown rank)."""
+        return tf.reduce_sum(tf.reshape(x, [-1, tf.shape(x)[-1]]), axis=0)
+
+    def gelu_parts(x):
+        """x in float32, the normal CDF at x, x * the normal PDF at x."""
+        cdf = 0.5 * (1.0 + tf.math.erf(x * rsqrt2))
+        return cdf, x * tf.exp(-0.5 * x * x) * rsqrt2pi
+
+    @compiled
+    def gelu_forward(x):
+        x32 = tf.cast(x, tf.float32)
+        return tf.cast(x32 * gelu_parts(x32)[0], x.dtype)
+
+    @compiled
+    def gelu_backward(x, dy):
+        cdf, xpdf = gelu_parts(tf.cast(x, tf.float32))
+        return tf.cast(tf.cast(dy, tf.float32) * (cdf + xpdf), x.dtype)
+
+    @compiled
+    def bias_add_forward(y, bias):
+        return y + tf.cast(bias, y.dtype)
+
+    @compiled
+    def bias_sum(dy, bias):
+        return tf.cast(sum_leading(tf.cast(dy, tf.float32)), bias.dtype)
+
+    @compiled
+    def bias_gelu_forward(y, bias):
+        x32 = tf.cast(y, tf.float32) + tf.cast(bias, tf.float32)
+        return tf.cast(x32 * gelu_parts(x32)[0], y.dtype)
+
+    @compiled
+    def bias_gelu_backward(y, bias, dh):
+        cdf, xpdf = gelu_parts(tf.cast(y, tf.float32) + tf.cast(bias, tf.float32))
+        dx = tf.cast(dh, tf.float32) * (cdf + xpdf)
+        dbias = sum_leading(dx)
+        return tf.cast(dx, y.dtype), tf.cast(dbias, bias.dtype)
+
+    @compiled
+    def norm_forward(x, gamma, beta, epsilon):
+        x32 = tf.cast(x, tf.float32)
+        mean = tf.reduce_mean(x32, axis=-1, keepdims=True)
+        centred = x32 - mean
+        variance = tf.reduce_mean(centred * centred, axis=-1, keepdims=True)
+        inv = tf.math.rsqrt(variance + epsilon)
+        y = centred * inv * tf.cast(gamma, tf.float32) + tf.cast(beta, tf.float32)
+        return tf.cast(y, x.dtype), mean, inv
+
+    @compiled
+    def norm_backward(x, gamma, mean, inv, dy):
+        dy32 = tf.cast(dy, tf.float32)
+        normed = (tf.cast(x, tf.float32) - mean) * inv
+        dgamma = sum_leading(dy32 * normed)
+        dbeta = sum_leading(dy32)
+        g = dy32 * tf.cast(gamma, tf.float32)
+        dx = inv * (
+            g
+            - tf.reduce_mean(g, axis=-1, keepdims=True)
+            - normed * tf.reduce_mean(g * normed, axis=-1, keepdims=True)
+        )
+        return tf.cast(dx, x.dtype), dgamma, dbeta
+
+    def probabilities(logits):
+        logits = tf.cast(logits, tf.float32)
+        e = tf.exp(logits - tf.reduce_max(logits, axis=-1, keepdims=True))
+        return e / tf.reduce_sum(e, axis=-1, keepdims=True)
+
+    @compiled
+    def softmax_forward(logits, like):
+        return tf.cast(probabilities(logits), like.dtype)
+
+    @compiled
+    def softmax_backward(logits, dprobs):
+        # Recomputed from the logits rather than kept in float32: one exp in
+        # the same kernel, and no float32 tensor of batch x heads x tokens^2
+        # held per block for the backward pass.
+        probs = probabilities(logits)
+        dprobs = tf.cast(dprobs, tf.float32)
+        dlogits = probs * (dprobs - tf.reduce_sum(dprobs * probs, -1, keepdims=True))
+        return tf.cast(dlogits, logits.dtype)
+
+    @tf.custom_gradient
+    def softmax(logits, like):
+        def grad(dprobs):
+            return softmax_backward(logits, dprobs), tf.zeros_like(like)
+
+        return softmax_forward(logits, like), grad
+
+    @tf.custom_gradient
+    def gelu(x):
+        return gelu_forward(x), lambda dy: gelu_backward(x, dy)
+
+    @tf.custom_gradient
+    def bias_add(y, bias):
+        return bias_add_forward(y, bias), lambda dy: (dy, bias_sum(dy, bias))
+
+    @tf.custom_gradient
+    def bias_gelu(y, bias):
+        return bias_gelu_forward(y, bias), lambda dh: bias_gelu_backward(y, bias, dh)
+
+    def layer_norm(x, gamma, beta, epsilon):
+        epsilon = tf.constant(epsilon, tf.float32)
+        gamma, beta = _read(gamma), _read(beta)
+
+        @tf.custom_gradient
+        def norm(x, gamma, beta):
+            y, mean, inv = norm_forward(x, gamma, beta, epsilon)
+
+            def grad(dy):
+                dx, dgamma, dbeta = norm_backward(x, gamma, mean, inv, dy)
+                return dx, tf.cast(dgamma, gamma.dtype), tf.cast(dbeta, beta.dtype)
+
+            return y, grad
+
+        return norm(x, gamma, beta)
+
+    return gelu, bias_gelu, layer_norm, bias_add, softmax
+
+
+def _read(variable):
+    """A variable's value as a tensor: `tf.custom_gradient` takes tensors and
+    passes their gradients on to the variables read."""
+    import tensorflow as tf
+
+    return tf.convert_to_tensor(variable)
+
+
+def gelu(x):
+    """Exact (erf) GELU of `x`, computed in float32, in `x`'s dtype."""
+    return _kernels()[0](x)
+
+
+def bias_gelu(y, bias):
+    """`gelu(y + bias)`, `bias` broadcast over the last axis of `y`."""
+    return _kernels()[1](y, _read(bias))
+
+
+def bias_add(y, bias):
+    """`y + bias`, `bias` broadcast over the last axis of `y` (its gradient
+    summed in float32)."""
+    return _kernels()[3](y, _read(bias))
+
+
+def softmax(logits, dtype):
+    """Softmax over the last axis of `logits`, computed in float32, returned
+    in `dtype`."""
+    import tensorflow as tf
+
+    return _kernels()[4](logits, tf.zeros((), dtype))
+
+
+def layer_norm(x, gamma, beta, epsilon: float):
+    """LayerNorm over the last axis of `x` with scale `gamma` and offset
+    `beta`; statistics in float32, the result in `x`'s dtype."""
+    return _kernels()[2](x, gamma, beta, float(epsilon))

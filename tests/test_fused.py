@@ -1,0 +1,273 @@
+"""The fused training kernels (`keras_vit.models.fused`): the values and
+gradients of the `keras.ops` graph they replace, in training calls only."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+import keras_vit
+from keras_vit.models import fused
+from keras_vit.models.norms import LayerNorm
+from keras_vit.models.sublayers import plain_dense
+
+
+def reference_gelu(x):
+    return ops.gelu(x, approximate=False)
+
+
+def reference_layer_norm(x, gamma, beta, epsilon):
+    """Keras' LayerNormalization arithmetic: float32 statistics, the result
+    in the input's dtype."""
+    x32 = tf.cast(x, tf.float32)
+    mean = tf.reduce_mean(x32, -1, keepdims=True)
+    variance = tf.reduce_mean(tf.square(x32 - mean), -1, keepdims=True)
+    y = (x32 - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta
+    return tf.cast(y, x.dtype)
+
+
+# name: (fused function, float32 reference, input shapes); the last axis of
+# the first input is the one a bias, norm or softmax runs along.
+KERNELS = {
+    "gelu": (fused.gelu, reference_gelu, [(3, 5, 8)]),
+    "bias_gelu": (
+        fused.bias_gelu,
+        lambda y, b: reference_gelu(y + tf.cast(b, y.dtype)),
+        [(15, 8), (8,)],
+    ),
+    "bias_add": (
+        fused.bias_add,
+        lambda y, b: y + tf.cast(b, y.dtype),
+        [(3, 5, 8), (8,)],
+    ),
+    "layer_norm": (
+        lambda x, g, b: fused.layer_norm(x, g, b, 1e-6),
+        lambda x, g, b: reference_layer_norm(x, g, b, 1e-6),
+        [(3, 5, 8), (8,), (8,)],
+    ),
+    "softmax": (
+        lambda x: fused.softmax(x, x.dtype),
+        lambda x: tf.cast(tf.nn.softmax(tf.cast(x, tf.float32)), x.dtype),
+        [(2, 3, 5, 7)],
+    ),
+}
+
+
+def values_and_gradients(fn, inputs, upstream):
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        out = fn(*inputs)
+    grads = tape.gradient(out, inputs, output_gradients=tf.cast(upstream, out.dtype))
+    return [tf.cast(t, tf.float64) for t in [out, *grads]]
+
+
+def random_inputs(shapes, dtype, seed=0):
+    """The activation in `dtype`; biases, scales and offsets in float32, as a
+    mixed-precision layer keeps its variables."""
+    rng = np.random.default_rng(seed)
+    # Scale 2 and an offset: GELU's both tails, a norm of non-centred rows,
+    # softmax logits several units apart.
+    arrays = [rng.normal(0.5, 2.0, shape).astype("float32") for shape in shapes]
+    return [tf.cast(arrays[0], dtype), *map(tf.constant, arrays[1:])]
+
+
+def scale_errors(actual, expected):
+    """Largest error of each tensor over its largest entry."""
+    actual, expected = [[np.asarray(t) for t in ts] for ts in (actual, expected)]
+    return [
+        float(np.abs(a - e).max() / max(np.abs(e).max(), 1e-12))
+        for a, e in zip(actual, expected, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_fused_kernels_give_the_float32_values_and_gradients(name, mode):
+    kernel, reference, shapes = KERNELS[name]
+    inputs = random_inputs(shapes, tf.float32)
+    upstream = random_inputs([shapes[0]], tf.float32, seed=1)[0]
+
+    def run(fn):
+        step = lambda *args: values_and_gradients(fn, list(args), upstream)  # noqa: E731
+        if mode != "eager":
+            step = tf.function(step, jit_compile=mode == "xla")
+        return [np.asarray(t) for t in step(*inputs)]
+
+    # Same float32 arithmetic, reordered (fused reductions, erf in place of
+    # erfc): within 1e-5 of each tensor's largest entry (measured <= 2e-7).
+    errors = scale_errors(run(kernel), run(reference))
+    assert max(errors) <= 1e-5, errors
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_fused_kernels_in_half_precision_are_as_close_as_the_graph_they_replace(
+    name, dtype
+):
+    kernel, reference, shapes = KERNELS[name]
+    inputs = random_inputs(shapes, dtype)
+    upstream = random_inputs([shapes[0]], tf.float32, seed=1)[0]
+    # The float32 reference on the same (rounded) inputs.
+    widened = [tf.cast(inputs[0], tf.float32), *inputs[1:]]
+    exact = values_and_gradients(reference, widened, upstream)
+    fused_out = values_and_gradients(kernel, inputs, upstream)
+    assert kernel(*inputs).dtype == dtype
+    # The fused kernels compute in float32 and round once: each tensor within
+    # a few units of the half-precision rounding step (2^-8 bfloat16, 2^-11
+    # float16) of its largest entry (measured <= 4.7e-3 and 6.2e-4, the
+    # keras.ops graph's own errors or below; printed on failure).
+    step = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+    errors = scale_errors(fused_out, exact)
+    replaced = scale_errors(values_and_gradients(reference, inputs, upstream), exact)
+    assert max(errors) <= 4 * step, (errors, replaced)
+
+
+def test_only_a_python_true_on_tensorflow_activates_them():
+    assert fused.active(True)
+    assert not fused.active(False) and not fused.active(None)
+    assert not fused.active(tf.constant(True))
+    with fused.disabled():
+        assert not fused.active(True)
+    assert fused.active(True)
+
+
+def small_vit(**options) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras_vit.ViT(
+        "Ti/4",
+        image_size=16,
+        num_classes=5,
+        hidden_dim=32,
+        num_layers=2,
+        num_heads=2,
+        mlp_dim=64,
+        **options,
+    )
+    # A random head, so that every weight below it gets a gradient.
+    head = model.get_layer("head")
+    kernel = np.random.default_rng(0).normal(0, 0.5, head.kernel.shape)
+    head.kernel.assign(kernel.astype("float32"))
+    return model
+
+
+def model_gradients(model, mode, images=None):
+    if images is None:
+        images = tf.random.stateless_normal((4, 16, 16, 3), seed=(1, 2))
+    labels = tf.constant([0, 1, 2, 3])
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        return tape.gradient(loss, model.trainable_weights)
+
+    if mode != "eager":
+        step = tf.function(step, jit_compile=mode == "xla")
+    return [np.asarray(g, dtype="float32") for g in step()]
+
+
+def relative_difference(actual, expected) -> float:
+    scale = max(float(np.abs(g).max()) for g in expected)
+    diff = max(
+        float(np.abs(a - e).max()) for a, e in zip(actual, expected, strict=True)
+    )
+    return diff / scale
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"pooling": "gap", "remat": True},
+        {"layer_scale_init": 0.1, "pooling": "map"},
+    ],
+    ids=["token", "gap-remat", "layerscale-map"],
+)
+def test_a_fused_training_step_gives_the_plain_float32_gradients(options, mode):
+    model = small_vit(**options)
+    with fused.disabled():
+        expected = model_gradients(model, mode)
+    actual = model_gradients(model, mode)
+    assert all(np.abs(g).max() > 0 for g in expected)  # every weight is tested
+    # Float32 either way, reordered: within 1e-5 of the largest gradient entry
+    # (measured 2.5e-7 to 1.3e-6).
+    assert relative_difference(actual, expected) <= 1e-5
+
+
+def test_a_bfloat16_fused_step_is_as_close_to_float32_as_the_plain_bfloat16_step():
+    exact = model_gradients(small_vit(), "graph")
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = small_vit()
+    with fused.disabled():
+        plain = model_gradients(model, "graph")
+    fused_grads = model_gradients(model, "graph")
+    plain_error = relative_difference(plain, exact)
+    fused_error = relative_difference(fused_grads, exact)
+    # Both round the matrix products to bfloat16 alike, which dominates
+    # (measured 4.8% of the largest entry fused, 4.7% plain); the fused
+    # kernels round their element-wise chains once instead of after every op.
+    # Bound: a quarter more than the plain step's error plus one bfloat16
+    # step, so another CPU's rounding of the products cannot fail it.
+    assert fused_error <= 1.25 * plain_error + 2.0**-8, (fused_error, plain_error)
+
+
+def xla_kernels(concrete) -> int:
+    """How many functions of a traced graph XLA must compile."""
+    library = concrete.graph.as_graph_def().library.function
+    return sum(f.attr["_XlaMustCompile"].b for f in library)
+
+
+def test_inference_and_exports_keep_the_plain_graph():
+    model = small_vit()
+    spec = tf.TensorSpec((None, 16, 16, 3), tf.float32)
+    train = tf.function(lambda x: model(x, training=True)).get_concrete_function(spec)
+    infer = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
+    default = tf.function(lambda x: model(x)).get_concrete_function(spec)
+    assert xla_kernels(train) > 0
+    assert xla_kernels(infer) == 0 and xla_kernels(default) == 0
+
+
+def test_a_dynamic_size_model_trains_fused_at_two_sizes():
+    model = small_vit(dynamic_size=True)
+    for size in (16, 24):
+        images = tf.random.stateless_normal((4, size, size, 3), seed=(1, size))
+        with fused.disabled():
+            expected = model_gradients(model, "graph", images)
+        actual = model_gradients(model, "graph", images)
+        assert relative_difference(actual, expected) <= 1e-5
+
+
+def test_dense_layers_with_their_own_call_keep_it():
+    dense = keras.layers.Dense(4)
+    dense.build((None, 3))
+    assert plain_dense(dense)
+    dense.enable_lora(2)
+    assert not plain_dense(dense)
+    quantized = keras.layers.Dense(4)
+    quantized.build((None, 3))
+    quantized.quantize("int8")
+    assert not plain_dense(quantized)
+    no_bias = keras.layers.Dense(4, use_bias=False)
+    no_bias.build((None, 3))
+    assert not plain_dense(no_bias)
+
+
+def test_layer_norm_is_a_keras_layer_normalization_with_its_config():
+    norm = LayerNorm(epsilon=1e-5, name="norm")
+    assert isinstance(norm, keras.layers.LayerNormalization)
+    clone = keras.layers.deserialize(keras.layers.serialize(norm))
+    assert type(clone) is LayerNorm and clone.epsilon == 1e-5
+    norm.build((None, 8))
+    x = tf.random.stateless_normal((2, 8), seed=(0, 1)) * 3 + 1
+    keras_norm = keras.layers.LayerNormalization(epsilon=1e-5)
+    keras_norm.build((None, 8))
+    expected = keras_norm(x)
+    for training in (True, False):
+        got = norm(x, training=training)
+        assert np.abs(np.asarray(got) - np.asarray(expected)).max() <= 1e-5 * math.sqrt(
+            8
+        )
