@@ -156,6 +156,8 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_start": os.getloadavg(),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
+        # PyTorch's MKL matmuls read their own limit.
+        "mkl_enable_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS", "default"),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -192,3 +192,26 @@ def test_jpeg_tfrecords_round_trip_through_the_tfrecord_source(tmp_path):
     assert batch.shape == (4, 12, 12, 3) and labels.shape == (4, 2)
     with pytest.raises(ValueError, match="image_format must be 'png' or 'jpeg'"):
         sources.write_tfrecords(images, [0, 1, 0, 1], tmp_path, image_format="gif")
+
+
+def test_fused_kernels_bench_runs_tiny_with_its_profile(tmp_path, capsys):
+    bench = _load("fused_kernels")
+    out = tmp_path / "fused.json"
+    code = bench.main([
+        "--variant", "Ti/16", "--num-layers", "1", "--image-size", "32",
+        "--batch-size", "2", "--rounds", "2", "--steps", "1", "--profile",
+        "--json", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert set(report["rounds_images_per_second"]) == {"fused", "plain"}
+    assert all(len(v) == 2 for v in report["rounds_images_per_second"].values())
+    profile = report["profile"]
+    # The plain step runs GELU and LayerNorm as TensorFlow ops; the fused
+    # step has none of either (they are XLA kernels there).
+    assert profile["plain"]["op_seconds"]["gelu"] > 0
+    assert profile["plain"]["op_seconds"]["layernorm"] > 0
+    assert "gelu" not in profile["fused"]["op_seconds"]
+    assert "layernorm" not in profile["fused"]["op_seconds"]
+    assert profile["fused"]["op_seconds"]["matmul"] > 0
+    assert "fused / plain:" in capsys.readouterr().out

@@ -261,7 +261,8 @@ def test_final_norm_off_has_no_encoder_norm():
 
 def test_plain_vit_blocks_get_no_new_options():
     block = small_vit().get_layer("block_0")
-    assert type(block.norm1).__name__ == "LayerNorm"  # keras_vit's, a LayerNormalization
+    # keras_vit's LayerNorm: Keras' LayerNormalization with the fused kernel.
+    assert type(block.norm1).__name__ == "LayerNorm"
     assert not block.mlp.gated and block.mlp.norm is None
     assert block.attention.qk_norm is None
     assert block.mlp.activation == "gelu" and block.attention.proj_bias

@@ -173,8 +173,9 @@ class MLP(keras.layers.Layer):
 
     def call(self, x, training=None):
         # On 2-D (tokens, features) TensorFlow's oneDNN rewrite fuses
-        # MatMul + BiasAdd + exact GELU into one kernel; on the 3-D input it
-        # is a BatchMatMul and GELU's erf runs as separate passes (README, Performance).
+        # MatMul + BiasAdd (+ exact GELU in a float32 graph) into one kernel;
+        # on the 3-D input it is a BatchMatMul and separate passes. Training
+        # calls take the fused kernels instead (models.fused; docs/performance.md).
         # Only an unknown batch size is taken from the tensor: a shape op on
         # `x` beside the reshape makes the TFLite converter keep the
         # LayerNorm before it in float in a QAT model (`models.qat`).
