@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras import ops
+from test_remat import gradients, relative_difference, small_vit
 
-import keras_vit
 from keras_vit.models import fused
 from keras_vit.models.norms import LayerNorm
 from keras_vit.models.sublayers import plain_dense
@@ -134,47 +134,9 @@ def test_only_a_python_true_on_tensorflow_activates_them():
     assert fused.active(True)
 
 
-def small_vit(**options) -> keras.Model:
-    keras.utils.set_random_seed(0)
-    model = keras_vit.ViT(
-        "Ti/4",
-        image_size=16,
-        num_classes=5,
-        hidden_dim=32,
-        num_layers=2,
-        num_heads=2,
-        mlp_dim=64,
-        **options,
-    )
-    # A random head, so that every weight below it gets a gradient.
-    head = model.get_layer("head")
-    kernel = np.random.default_rng(0).normal(0, 0.5, head.kernel.shape)
-    head.kernel.assign(kernel.astype("float32"))
-    return model
-
-
-def model_gradients(model, mode, images=None):
-    if images is None:
-        images = tf.random.stateless_normal((4, 16, 16, 3), seed=(1, 2))
-    labels = tf.constant([0, 1, 2, 3])
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step():
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(images, training=True))
-        return tape.gradient(loss, model.trainable_weights)
-
-    if mode != "eager":
-        step = tf.function(step, jit_compile=mode == "xla")
-    return [np.asarray(g, dtype="float32") for g in step()]
-
-
-def relative_difference(actual, expected) -> float:
-    scale = max(float(np.abs(g).max()) for g in expected)
-    diff = max(
-        float(np.abs(a - e).max()) for a, e in zip(actual, expected, strict=True)
-    )
-    return diff / scale
+def vit(**options) -> keras.Model:
+    """test_remat's small ViT (random head: every weight gets a gradient)."""
+    return small_vit(options.pop("remat", False), **options)
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
@@ -188,10 +150,10 @@ def relative_difference(actual, expected) -> float:
     ids=["token", "gap-remat", "layerscale-map"],
 )
 def test_a_fused_training_step_gives_the_plain_float32_gradients(options, mode):
-    model = small_vit(**options)
+    model = vit(**options)
     with fused.disabled():
-        expected = model_gradients(model, mode)
-    actual = model_gradients(model, mode)
+        expected = gradients(model, mode)
+    actual = gradients(model, mode)
     assert all(np.abs(g).max() > 0 for g in expected)  # every weight is tested
     # Float32 either way, reordered: within 1e-5 of the largest gradient entry
     # (measured 2.5e-7 to 1.3e-6).
@@ -199,12 +161,12 @@ def test_a_fused_training_step_gives_the_plain_float32_gradients(options, mode):
 
 
 def test_a_bfloat16_fused_step_is_as_close_to_float32_as_the_plain_bfloat16_step():
-    exact = model_gradients(small_vit(), "graph")
+    exact = gradients(vit(), "graph")
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    model = small_vit()
+    model = vit()
     with fused.disabled():
-        plain = model_gradients(model, "graph")
-    fused_grads = model_gradients(model, "graph")
+        plain = gradients(model, "graph")
+    fused_grads = gradients(model, "graph")
     plain_error = relative_difference(plain, exact)
     fused_error = relative_difference(fused_grads, exact)
     # Both round the matrix products to bfloat16 alike, which dominates
@@ -222,7 +184,7 @@ def xla_kernels(concrete) -> int:
 
 
 def test_inference_and_exports_keep_the_plain_graph():
-    model = small_vit()
+    model = vit()
     spec = tf.TensorSpec((None, 16, 16, 3), tf.float32)
     train = tf.function(lambda x: model(x, training=True)).get_concrete_function(spec)
     infer = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
@@ -232,12 +194,12 @@ def test_inference_and_exports_keep_the_plain_graph():
 
 
 def test_a_dynamic_size_model_trains_fused_at_two_sizes():
-    model = small_vit(dynamic_size=True)
+    model = vit(dynamic_size=True)
     for size in (16, 24):
         images = tf.random.stateless_normal((4, size, size, 3), seed=(1, size))
         with fused.disabled():
-            expected = model_gradients(model, "graph", images)
-        actual = model_gradients(model, "graph", images)
+            expected = gradients(model, "graph", images)
+        actual = gradients(model, "graph", images)
         assert relative_difference(actual, expected) <= 1e-5
 
 
