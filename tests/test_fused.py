@@ -10,6 +10,7 @@ import tensorflow as tf
 from keras import ops
 from test_remat import gradients, relative_difference, small_vit
 
+import keras_vit
 from keras_vit.models import fused
 from keras_vit.models.norms import LayerNorm
 from keras_vit.models.sublayers import plain_dense
@@ -125,13 +126,33 @@ def test_fused_kernels_in_half_precision_are_as_close_as_the_graph_they_replace(
     assert max(errors) <= 4 * step, (errors, replaced)
 
 
+@pytest.fixture(autouse=True)
+def _narrow_models_fused_too(monkeypatch):
+    """The models here are 32 features wide, under `fused.MIN_FEATURES`."""
+    monkeypatch.setattr(fused, "MIN_FEATURES", 1)
+
+
 def test_only_a_python_true_on_tensorflow_activates_them():
-    assert fused.active(True)
-    assert not fused.active(False) and not fused.active(None)
-    assert not fused.active(tf.constant(True))
+    assert fused.active(True, 192)
+    assert not fused.active(False, 192) and not fused.active(None, 192)
+    assert not fused.active(tf.constant(True), 192)
+    assert not fused.active(True, None)
     with fused.disabled():
-        assert not fused.active(True)
-    assert fused.active(True)
+        assert not fused.active(True, 192)
+    assert fused.active(True, 192)
+
+
+def test_models_narrower_than_the_threshold_keep_the_plain_graph(monkeypatch):
+    monkeypatch.setattr(fused, "MIN_FEATURES", 128)
+    spec = tf.TensorSpec((None, 32, 32, 3), tf.float32)
+    for width, expected in ((96, False), (128, True)):
+        keras.utils.set_random_seed(0)
+        model = keras_vit.ViT(
+            "Ti/16", image_size=32, num_classes=3, hidden_dim=width, num_layers=1,
+            num_heads=4, mlp_dim=2 * width,
+        )  # fmt: skip
+        train = tf.function(lambda x, m=model: m(x, training=True))
+        assert (xla_kernels(train.get_concrete_function(spec)) > 0) is expected
 
 
 def vit(**options) -> keras.Model:

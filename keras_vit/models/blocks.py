@@ -211,7 +211,7 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         logits = self._attention_matmul(
             q, ops.transpose(k, (0, 2, 1)), "logits", training=training
         )
-        if fused.active(training) and not return_attention_scores:
+        if fused.active(training, hidden_dim) and not return_attention_scores:
             probs = fused.softmax(logits, v.dtype)
         else:
             probs = ops.softmax(ops.cast(logits, "float32"), axis=-1)

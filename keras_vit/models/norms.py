@@ -37,7 +37,8 @@ class LayerNorm(keras.layers.LayerNormalization):
     def call(self, inputs, training=None):
         last_axis = list(self.axis) in ([-1], [len(inputs.shape) - 1])
         plain = self.gamma is not None and self.beta is not None
-        if fused.active(training) and last_axis and plain and not self.rms_scaling:
+        fuse = fused.active(training, inputs.shape[-1])
+        if fuse and last_axis and plain and not self.rms_scaling:
             return fused.layer_norm(inputs, self.gamma, self.beta, self.epsilon)
         return super().call(inputs)
 

@@ -70,7 +70,8 @@ def project(dense, x, training=None):
     float32 oneDNN's MatMul + BiasAdd kernel costs what the bare product does
     (measured at the ViT's shapes), so `Dense` keeps its own call."""
     low_precision = dense.compute_dtype != "float32"
-    if fused.active(training) and low_precision and plain_dense(dense):
+    width = min(dense.kernel.shape)  # the model's width for QKV, output, MLP
+    if fused.active(training, width) and low_precision and plain_dense(dense):
         return fused.bias_add(bare_product(dense, x), dense.bias)
     return dense(x)
 
@@ -78,8 +79,9 @@ def project(dense, x, training=None):
 MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 
 
-def activate(x, activation: str, approximate_gelu: bool = False, training=None):
-    if activation == "gelu" and not approximate_gelu and fused.active(training):
+def activate(x, activation: str, approximate_gelu: bool = False, fuse=False):
+    """`activation` of `x`; exact GELU as `fused.gelu` when `fuse`."""
+    if activation == "gelu" and not approximate_gelu and fuse:
         return fused.gelu(x)
     if activation == "gelu":
         return ops.gelu(x, approximate=approximate_gelu)
@@ -186,7 +188,8 @@ class MLP(keras.layers.Layer):
                 ops.shape(x)[i] if d is None else d for i, d in enumerate(x.shape[:-1])
             )
         h = ops.reshape(x, (-1, x.shape[-1]))
-        if fused.active(training) and self._fusable_fc1():
+        fuse = fused.active(training, x.shape[-1])
+        if fuse and self._fusable_fc1():
             # The bare product, then bias and GELU in one kernel (models.fused).
             h = fused.bias_gelu(bare_product(self.fc1, h), self.fc1.bias)
         else:
@@ -195,7 +198,7 @@ class MLP(keras.layers.Layer):
                 gate, value = h[:, : self.mlp_dim], h[:, self.mlp_dim :]
                 h = activate(gate, self.activation, self.approximate_gelu) * value
             else:
-                h = activate(h, self.activation, self.approximate_gelu, training)
+                h = activate(h, self.activation, self.approximate_gelu, fuse)
         h = self.hidden_dropout(h, training=training)
         if self.norm is not None:
             h = self.norm(h)
