@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import run_python
 from keras import ops
 from test_remat import gradients, relative_difference, small_vit
 
@@ -124,6 +125,30 @@ def test_fused_kernels_in_half_precision_are_as_close_as_the_graph_they_replace(
     errors = scale_errors(fused_out, exact)
     replaced = scale_errors(values_and_gradients(reference, inputs, upstream), exact)
     assert max(errors) <= 4 * step, (errors, replaced)
+
+
+@pytest.mark.slow
+def test_without_onednn_the_bfloat16_softmax_widens_to_float32():
+    # TensorFlow's own bfloat16 softmax (no oneDNN) is off by several
+    # rounding steps; the fused softmax then computes in float32 and rounds
+    # once: within half a bfloat16 step (2^-9) of the largest probability,
+    # bounded here by one step (the unguarded kernel measured 7.0e-3).
+    proc = run_python(
+        """
+        import numpy as np, tensorflow as tf
+        from keras_vit.models import fused
+        assert not fused._onednn_enabled()
+        rng = np.random.default_rng(0)
+        logits = rng.normal(0.5, 4.0, (2, 3, 40, 197)).astype("float32")
+        logits = tf.cast(logits, tf.bfloat16)
+        exact = tf.nn.softmax(tf.cast(logits, tf.float32))
+        probs = tf.cast(fused.softmax(logits, tf.bfloat16), tf.float32)
+        print(float(tf.reduce_max(tf.abs(probs - exact)) / tf.reduce_max(exact)))
+        """,
+        env={"TF_ENABLE_ONEDNN_OPTS": "0"},
+    )
+    error = float(proc.stdout.split()[-1])
+    assert error <= 2.0**-8, error
 
 
 @pytest.fixture(autouse=True)
