@@ -14,7 +14,7 @@ from test_remat import gradients, relative_difference, small_vit
 import keras_vit
 from keras_vit.models import fused
 from keras_vit.models.norms import LayerNorm
-from keras_vit.models.sublayers import plain_dense
+from keras_vit.models.sublayers import plain_dense, project_scaled
 
 
 def reference_gelu(x):
@@ -262,6 +262,26 @@ def test_dense_layers_with_their_own_call_keep_it():
     no_bias = keras.layers.Dense(4, use_bias=False)
     no_bias.build((None, 3))
     assert not plain_dense(no_bias)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_the_query_scale_is_folded_into_the_qkv_weights_in_a_fused_call(dtype):
+    keras.utils.set_random_seed(0)
+    dense = keras.layers.Dense(12, bias_initializer="normal", dtype=dtype)
+    dense.build((None, 4))
+    x = tf.constant(np.random.default_rng(0).normal(size=(5, 4)), tf.float32)
+    columns = np.array([0.125] * 4 + [1.0] * 8, "float32")
+    folded = project_scaled(dense, x, 4, 0.125, training=True)
+    expected = np.asarray(tf.cast(dense(x), tf.float32)) * columns
+    # float32: the same products reordered (1e-6 of the largest entry);
+    # bfloat16: one rounding of each (2^-8), the fold rounding once less.
+    bound = 1e-6 if dtype == "float32" else 2.0**-8
+    assert scale_errors([tf.cast(folded, tf.float32)], [expected])[0] <= bound
+    # Nothing to fold outside a fused training call or into a Dense with its
+    # own call: the caller scales.
+    assert project_scaled(dense, x, 4, 0.125, training=False) is None
+    dense.enable_lora(2)
+    assert project_scaled(dense, x, 4, 0.125, training=True) is None
 
 
 def test_layer_norm_is_a_keras_layer_normalization_with_its_config():

@@ -20,6 +20,7 @@ from keras_vit.models.sublayers import (
     LayerScale,
     check_rate,
     project,
+    project_scaled,
     register,
     with_sublayer_policies,
 )
@@ -186,7 +187,17 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         heads, head_dim = self.num_heads, self.head_dim
         # The projections run on (batch * num_tokens, hidden_dim): a 2-D
         # MatMul + BiasAdd is what oneDNN fuses into one kernel (README, Performance).
-        qkv = project(self.qkv, ops.reshape(x, (-1, hidden_dim)), training)
+        x2d = ops.reshape(x, (-1, hidden_dim))
+        # Scaling q before the product keeps float16 logits in range; in a
+        # fused training call the scale goes into the QKV weights instead
+        # (not with QK-norm, which would undo it).
+        scale = head_dim**-0.5
+        qkv = None
+        if self.qk_norm is None:
+            qkv = project_scaled(self.qkv, x2d, heads * head_dim, scale, training)
+        scaled = qkv is not None
+        if not scaled:
+            qkv = project(self.qkv, x2d, training)
         # One transpose to (3, batch * heads, num_tokens, head_dim) makes both
         # attention products plain 3-D batched matmuls with contiguous
         # operands: 15% (XLA) to 30% (no XLA) less time than einsums over
@@ -206,8 +217,8 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
             q, k = apply_rope(q, rope), apply_rope(k, rope)
         if num_query_tokens is not None and queries != x.shape[1]:
             q = q[:, :queries]
-        # Scaling q before the product keeps float16 logits in range.
-        q = q * ops.cast(head_dim**-0.5, q.dtype)
+        if not scaled:
+            q = q * ops.cast(scale, q.dtype)
         logits = self._attention_matmul(
             q, ops.transpose(k, (0, 2, 1)), "logits", training=training
         )

@@ -76,6 +76,26 @@ def project(dense, x, training=None):
     return dense(x)
 
 
+def project_scaled(dense, x, width: int, scale: float, training=None):
+    """`project(dense, x)` with its first `width` output columns times
+    `scale`; in a fused training call of a `plain_dense` the scale is folded
+    into the kernel and bias (a pass over the weights, not the activations:
+    the attention's query scaling, forward and backward, 2% of a bfloat16
+    ViT-Ti step). None when it cannot be folded: the caller scales."""
+    width_model = min(dense.kernel.shape)
+    if not (fused.active(training, width_model) and plain_dense(dense)):
+        return None
+    dtype = dense.compute_dtype
+    rest = dense.units - width
+    columns = ops.concatenate([ops.full((width,), scale), ops.ones((rest,))])
+    kernel = ops.cast(dense.kernel, "float32") * columns
+    bias = ops.cast(dense.bias, "float32") * columns
+    y = ops.matmul(ops.cast(x, dtype), ops.cast(kernel, dtype))
+    if dtype == "float32":
+        return ops.add(y, bias)
+    return fused.bias_add(y, bias)
+
+
 MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 
 
