@@ -80,8 +80,9 @@ def project_scaled(dense, x, width: int, scale: float, training=None):
     """`project(dense, x)` with its first `width` output columns times
     `scale`; in a fused training call of a `plain_dense` the scale is folded
     into the kernel and bias (a pass over the weights, not the activations:
-    the attention's query scaling, forward and backward, 2% of a bfloat16
-    ViT-Ti step). None when it cannot be folded: the caller scales."""
+    the attention's query scaling forward and backward, a bfloat16 ViT-Ti/16
+    step at batch 32 602 -> 580 ms). None when it cannot be folded: the
+    caller scales."""
     width_model = min(dense.kernel.shape)
     if not (fused.active(training, width_model) and plain_dense(dense)):
         return None
