@@ -71,7 +71,7 @@ def test_gpu_check_runs_on_two_logical_cpus(tmp_path):
     report_path = tmp_path / "gpu_check.json"
     out = run_script(
         "gpu_check.py",
-        "--cpu-devices", "2", "--variant", "Ti/16", "--num-layers", "1",
+        "--cpu-devices", "2", "--variant", "Ti/16", "--num-layers", "2",
         "--image-size", "32", "--per-replica-batch", "2",
         "--steps", "2", "--warmup", "1", "--json", str(report_path),
     )  # fmt: skip

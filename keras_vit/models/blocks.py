@@ -263,6 +263,20 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         return with_sublayer_policies(self, config)
 
 
+def check_remat(remat, dropout_rate, attention_dropout_rate) -> None:
+    """Refuses a `remat` that is not a bool, or True with dropout."""
+    if not isinstance(remat, bool):
+        raise ValueError(f"`remat` must be True or False, got {remat!r}.")
+    if remat and (dropout_rate or attention_dropout_rate):
+        raise ValueError(
+            "`remat=True` needs dropout_rate=0 and attention_dropout_rate=0 "
+            "(a recomputed dropout would draw another mask), got "
+            f"dropout_rate={dropout_rate!r}, "
+            f"attention_dropout_rate={attention_dropout_rate!r}; "
+            "drop_path_rate works with remat."
+        )
+
+
 @register
 class TransformerBlock(_TokenAttentionLayer):
     """Pre-norm encoder block: `x + MHSA(LN(x))`, then `x + MLP(LN(x))`.
@@ -329,16 +343,7 @@ class TransformerBlock(_TokenAttentionLayer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(remat, bool):
-            raise ValueError(f"`remat` must be True or False, got {remat!r}.")
-        if remat and (dropout_rate or attention_dropout_rate):
-            raise ValueError(
-                "`remat=True` needs dropout_rate=0 and attention_dropout_rate=0 "
-                "(a recomputed dropout would draw another mask), got "
-                f"dropout_rate={dropout_rate!r}, "
-                f"attention_dropout_rate={attention_dropout_rate!r}; "
-                "drop_path_rate works with remat."
-            )
+        check_remat(remat, dropout_rate, attention_dropout_rate)
         self.remat = remat
         self.num_heads = int(num_heads)
         self.norm_type = check_norm_type(norm_type)

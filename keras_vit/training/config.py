@@ -115,8 +115,9 @@ class ModelConfig:
     pretrained: str = ""
     freeze_backbone: bool = False
     lora_rank: int = 0
-    # Gradient checkpointing of every encoder block (`ViT(remat=True)`):
-    # less activation memory for one more forward pass of each block.
+    # Gradient checkpointing of every encoder block but the last
+    # (`ViT(remat=True)`): less activation memory for one more forward pass
+    # of each of those blocks.
     remat: bool = False
     distilled: bool = False  # DeiT class + distillation tokens and heads
     # kind="hybrid": stem_kind "resnet" is the paper's ResNet-v2, `stem`
