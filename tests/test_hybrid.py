@@ -125,6 +125,15 @@ def test_bad_arguments_raise_clear_errors(kwargs, message):
         tiny_hybrid(**kwargs)
 
 
+def test_options_it_cannot_take_are_named_with_the_reason():
+    with pytest.raises(TypeError, match="HybridViT does not take 'shifted_patches'"):
+        tiny_hybrid(shifted_patches=True)
+    with pytest.raises(TypeError, match="stem's 1x1 features"):
+        tiny_hybrid(shifted_patches=True)
+    with pytest.raises(TypeError, match="does not take 'widht'; its transformer"):
+        tiny_hybrid(widht=3)
+
+
 def test_std_conv2d_config_round_trip_and_standardisation():
     layer = StdConv2D(6, 3, strides=2, use_bias=True, epsilon=1e-8, name="conv")
     config = check_config_round_trip(layer)

@@ -23,6 +23,7 @@ from keras_vit.models.cnn import check_widths, conv_stages
 from keras_vit.models.layers import Patches
 from keras_vit.models.vit import (
     build_transformer,
+    check_transformer_options,
     image_hw,
     image_input,
     parse_variant,
@@ -350,6 +351,14 @@ def HybridViT(
         float32 logits `(batch, num_classes)` (or features without top).
     """
     overrides, options = split_architecture(options)
+    check_transformer_options(
+        "HybridViT",
+        options,
+        hint=" (its patches are the stem's 1x1 features, so patch options "
+        "such as shifted_patches do not apply)"
+        if "shifted_patches" in options
+        else "",
+    )
     if "patch_size" in overrides:
         raise ValueError(
             f"HybridViT takes no patch_size (got {overrides['patch_size']!r}): "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import keras
 
 from keras_vit.models.blocks import TransformerBlock, check_remat
@@ -539,6 +541,7 @@ def ViT(
     spatial = (None, None) if dynamic_size else (height, width)
     inputs = image_input(*spatial, num_channels)
     shifted = options.pop("shifted_patches", False)
+    check_transformer_options("ViT", options)
     patches = Patches(p, flatten=not dynamic_size, shifted=shifted, name="patches")(
         inputs
     )
@@ -551,6 +554,21 @@ def ViT(
         **arch,
         **options,
     )
+
+
+def check_transformer_options(model: str, options: dict, hint: str = "") -> None:
+    """Refuses keyword options that neither the model builder nor
+    `build_transformer` takes, naming them (not Python's TypeError about an
+    internal function). A TypeError, as Python's own for an unexpected
+    keyword argument."""
+    taken = set(inspect.signature(build_transformer).parameters)
+    taken -= {"inputs", "patches", "grid_size"}
+    unknown = sorted(set(options) - taken)
+    if unknown:
+        raise TypeError(
+            f"{model} does not take {', '.join(map(repr, unknown))}{hint}; its "
+            f"transformer options are: {', '.join(sorted(taken))}."
+        )
 
 
 def distillation_heads(model: keras.Model) -> keras.Model:
