@@ -41,6 +41,10 @@ def parse_args(argv=None):
     parser.add_argument("--jit", type=int, choices=(0, 1), default=0)
     parser.add_argument("--compile", type=int, choices=(0, 1), default=0)
     parser.add_argument("--remat", type=int, choices=(0, 1), default=0)
+    parser.add_argument(
+        "--kernels", type=int, choices=(0, 1), default=0,
+        help="keras_vit inference within keras_vit.models.fused.inference()",
+    )  # fmt: skip
     parser.add_argument("--variant", default="Ti/16")
     parser.add_argument("--num-layers", type=int, default=0, help="0: the variant's")
     parser.add_argument("--image-size", type=int, default=224)
@@ -49,6 +53,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.kernels and (args.peer, args.mode) != ("keras_vit", "infer"):
+        parser.error("--kernels 1 is keras_vit's inference setting")
     size, _, patch = args.variant.partition("/")
     if size not in VARIANTS or not patch.isdigit():
         parser.error(f"--variant {args.variant!r}: expected one of Ti, S, B, L /patch")
@@ -116,6 +122,11 @@ def tf_step(args, arch):
     )
     if args.mode == "infer":
         infer = tf.function(lambda x: model(x, training=False), jit_compile=args.jit)
+        if args.kernels:
+            from keras_vit.models import fused
+
+            with fused.inference():  # traced here: the function keeps them
+                infer = infer.get_concrete_function(images)
         return lambda: infer(images)[0, 0].numpy()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer = keras.optimizers.AdamW(learning_rate=1e-4)

@@ -104,9 +104,15 @@ def settings(peer: str, mode: str, args) -> list[dict]:
     compiled = ((0, 1) if args.compile else (0,)) if peer == "timm" else (0,)
     jits = (0,) if peer == "timm" or args.no_jit else (0, 1)
     remats = (0, 1) if args.remat and mode == "train" and peer != "keras_hub" else (0,)
+    # keras_vit's inference with its fused kernels (`fused.inference()`),
+    # an opt-in like timm's torch.compile; not inside an XLA-compiled step.
+    kernels = (0, 1) if peer == "keras_vit" and mode == "infer" else (0,)
     return [
-        dict(precision=p, jit=j, compile=c, remat=r)
-        for p, j, c, r in itertools.product(args.precisions, jits, compiled, remats)
+        dict(precision=p, jit=j, compile=c, remat=r, kernels=k)
+        for p, j, c, r, k in itertools.product(
+            args.precisions, jits, compiled, remats, kernels
+        )
+        if not (j and k)
     ]
 
 
@@ -115,6 +121,7 @@ def label(setting: dict) -> str:
     parts += ["xla"] if setting["jit"] else []
     parts += ["compile"] if setting["compile"] else []
     parts += ["remat"] if setting["remat"] else []
+    parts += ["kernels"] if setting.get("kernels") else []
     return " ".join(parts)
 
 
@@ -123,7 +130,7 @@ def run_one(python: str, peer: str, mode: str, size: int, batch: int, setting, a
     command += ["--variant", args.variant, "--num-layers", str(args.num_layers)]
     command += ["--image-size", str(size), "--batch-size", str(batch)]
     command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-    for key in ("precision", "jit", "compile", "remat"):
+    for key in ("precision", "jit", "compile", "remat", "kernels"):
         command += [f"--{key}", str(setting[key])]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     try:

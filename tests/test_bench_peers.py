@@ -36,7 +36,7 @@ def test_peers_without_their_venvs_skip_them_and_run_keras_vit(tmp_path):
         "peers.py",
         "--venvs", str(tmp_path / "no_venvs"),
         "--num-layers", "1", "--image-sizes", "32", "--batch-sizes", "2",
-        "--modes", "train", "--precisions", "float32", "--no-jit", "--remat",
+        "--modes", "train,infer", "--precisions", "float32", "--no-jit", "--remat",
         "--rounds", "1", "--steps", "1", "--warmup", "1",
         "--json", str(report_path),
     )  # fmt: skip
@@ -44,10 +44,13 @@ def test_peers_without_their_venvs_skip_them_and_run_keras_vit(tmp_path):
     assert [line.split(":")[0] for line in skips] == ["skip keras_hub", "skip timm"]
     report = json.loads(report_path.read_text())
     results = report["results"]
-    assert {(r["peer"], r["setting"]) for r in results} == {
-        ("keras_vit", "float32"),
-        ("keras_vit", "float32 remat"),
+    assert {(r["mode"], r["setting"]) for r in results} == {
+        ("train", "float32"),
+        ("train", "float32 remat"),
+        ("infer", "float32"),
+        ("infer", "float32 kernels"),  # within fused.inference()
     }
+    assert {r["peer"] for r in results} == {"keras_vit"}
     for result in results:
         assert result["errors"] == [] and result["best_images_per_second"] > 0
         assert result["peak_rss_mib"] > result["step_memory_mib"] > 0

@@ -1,5 +1,6 @@
-"""The fused training kernels (`keras_vit.models.fused`): the values and
-gradients of the `keras.ops` graph they replace, in training calls only."""
+"""The fused kernels (`keras_vit.models.fused`): the values and gradients of
+the `keras.ops` graph they replace, in training calls, and in inference calls
+within `fused.inference()` (never in a SavedModel)."""
 
 import math
 
@@ -165,6 +166,13 @@ def test_only_a_python_true_on_tensorflow_activates_them():
     with fused.disabled():
         assert not fused.active(True, 192)
     assert fused.active(True, 192)
+    with fused.inference():
+        assert fused.active(False, 192) and fused.active(None, 192)
+        assert fused.active(True, 192)
+        assert not fused.active(tf.constant(False), 192)
+        with fused.disabled():
+            assert not fused.active(None, 192)
+    assert not fused.active(None, 192)
 
 
 def test_models_narrower_than_the_threshold_keep_the_plain_graph(monkeypatch):
@@ -237,6 +245,47 @@ def test_inference_and_exports_keep_the_plain_graph():
     default = tf.function(lambda x: model(x)).get_concrete_function(spec)
     assert xla_kernels(train) > 0
     assert xla_kernels(infer) == 0 and xla_kernels(default) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_inference_within_the_block_uses_the_kernels_with_the_plain_values(dtype):
+    keras.mixed_precision.set_global_policy(dtype)
+    model = vit()
+    images = tf.random.stateless_normal((3, 16, 16, 3), seed=(2, 3))
+    spec = tf.TensorSpec((None, 16, 16, 3), tf.float32)
+    plain = np.asarray(tf.cast(model(images, training=False), tf.float32))
+    with fused.inference():
+        infer = tf.function(lambda x: model(x, training=False))
+        default = tf.function(lambda x: model(x))
+        assert xla_kernels(infer.get_concrete_function(spec)) > 0
+        assert xla_kernels(default.get_concrete_function(spec)) > 0
+        eager = np.asarray(tf.cast(model(images), tf.float32))
+        predicted = model.predict(images, verbose=0)
+    # The traced function keeps its kernels outside the block.
+    kernels = np.asarray(tf.cast(infer(images), tf.float32))
+    np.testing.assert_array_equal(kernels, eager)
+    np.testing.assert_array_equal(predicted.astype("float32"), eager)
+    # float32: the same arithmetic reordered (1e-5 of the largest logit, as
+    # the gradients above). bfloat16: the plain graph rounds every op of
+    # GELU and LayerNorm to bfloat16, the kernels once: two bfloat16 steps
+    # (2^-7) of the largest logit per rounding that differs, over 2 blocks.
+    bound = 1e-5 if dtype == "float32" else 4 * 2.0**-7
+    assert np.abs(eager - plain).max() <= bound * np.abs(plain).max()
+
+
+def test_a_saved_model_written_within_inference_holds_no_xla_function(tmp_path):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from keras_vit.deploy.export import export_model
+
+    model = vit()
+    with fused.inference():
+        export_model(model, "m", tmp_path, tflite=())
+    (path,) = tmp_path.glob("m/*/saved_model.pb")
+    saved = saved_model_pb2.SavedModel.FromString(path.read_bytes())
+    functions = [f for g in saved.meta_graphs for f in g.graph_def.library.function]
+    assert functions
+    assert not any(f.attr["_XlaMustCompile"].b for f in functions)
 
 
 def test_a_dynamic_size_model_trains_fused_at_two_sizes():

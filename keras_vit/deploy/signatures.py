@@ -43,7 +43,7 @@ from keras_vit.deploy.serving import (
     ends_in_softmax,
     prediction_log_bytes,
 )
-from keras_vit.models import image_bytes
+from keras_vit.models import fused, image_bytes
 from keras_vit.models.preprocessing import normalize_pixels, resize_pixels
 from keras_vit.models.resolution import input_stride, is_dynamic_size
 
@@ -237,7 +237,15 @@ def write_saved_model(
 ) -> None:
     """Writes the SavedModel with both signatures to `path` (not atomic; see
     `export_model`); `classify_images` refuses images that declare more than
-    `max_pixels` pixels."""
+    `max_pixels` pixels. Traced with the fused kernels off (`fused.disabled`,
+    even within `fused.inference()`): the SavedModel holds no XLA function,
+    which TF Serving runs only behind its experimental
+    `--xla_cpu_compilation_enabled` flag."""
+    with fused.disabled():
+        _write_saved_model(model, path, labels, preprocessing, top_k, max_pixels)
+
+
+def _write_saved_model(model, path, labels, preprocessing, top_k, max_pixels):
     graphs = Graphs(model, labels, preprocessing, top_k, max_pixels)
     archive = keras.export.ExportArchive()
     archive.track(model)

@@ -21,10 +21,13 @@ BiasAddGrad. `bias_add` and `bias_gelu` (the bias inside the GELU kernel)
 leave the product a bare MatMul and sum the bias gradient in float32 in
 their backward kernel.
 
-Used only in training calls on the TensorFlow backend, in models at least
-`MIN_FEATURES` wide (`active`): inference, exports, narrower models and
-other backends keep the `keras.ops` graph. XLA compiles each
-kernel once per input shape in a process (about 0.1 s each on a 2-core
+Used in training calls on the TensorFlow backend, in models at least
+`MIN_FEATURES` wide (`active`), and in their inference calls within
+`inference()`: other inference calls, narrower models and other backends
+keep the `keras.ops` graph, and SavedModels are always written from it
+(`deploy.signatures.write_saved_model` traces under `disabled()`), so TF
+Serving and the TFLite converter never meet an XLA function. XLA compiles
+each kernel once per input shape in a process (about 0.1 s each on a 2-core
 CPU), so a model's first training step takes a second or two longer.
 """
 
@@ -37,6 +40,7 @@ import math
 import keras
 
 _enabled = True
+_inference = False
 
 # Narrower models keep the plain graph: the digits and mnist5k recipes (96
 # features) were measured and tuned with it. On mnist5k_deit (96 features,
@@ -50,8 +54,9 @@ MIN_FEATURES = 128
 
 @contextlib.contextmanager
 def disabled():
-    """Within the block, layers take the `keras.ops` path in training too
-    (for comparisons); models traced inside keep it."""
+    """Within the block, layers take the `keras.ops` path in training and in
+    `inference()` too (comparisons, exports); models traced inside keep
+    it."""
     global _enabled
     previous, _enabled = _enabled, False
     try:
@@ -60,14 +65,37 @@ def disabled():
         _enabled = previous
 
 
+@contextlib.contextmanager
+def inference():
+    """Within the block, inference calls (`training` False or None) of models
+    at least `MIN_FEATURES` wide use the kernels too: ViT-Ti/16 at 224,
+    batch 32, mixed bfloat16, 2-core Xeon with AMX: 132 -> 183 img/s
+    (docs/performance.md). Opt-in because a function traced inside holds
+    XLA-compiled kernels: run it on TensorFlow in this process, do not save
+    it (keras_vit's exports trace their own, plain, under `disabled()`).
+    Keras keeps the predict function it traced first: call `model.predict`
+    inside the block from the start, or `model.make_predict_function(
+    force=True)` after entering it. Inside `disabled()` it does nothing."""
+    global _inference
+    previous, _inference = _inference, True
+    try:
+        yield
+    finally:
+        _inference = previous
+
+
 def active(training, width) -> bool:
     """Whether a layer call with this `training`, in a model `width` features
-    wide, uses the fused kernels: a Python `True` on the TensorFlow backend,
-    at least `MIN_FEATURES` wide, unless `disabled()`."""
+    wide, uses the fused kernels: a Python `True` (or, within `inference()`,
+    False or None) on the TensorFlow backend, at least `MIN_FEATURES` wide,
+    unless `disabled()`. A symbolic `training` keeps the plain graph."""
+    if training is None or isinstance(training, bool):
+        mode_ok = training is True or _inference
+    else:
+        mode_ok = False
     return (
         _enabled
-        and isinstance(training, bool)
-        and training
+        and mode_ok
         and width is not None
         and width >= MIN_FEATURES
         and keras.backend.backend() == "tensorflow"
