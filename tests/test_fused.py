@@ -320,17 +320,24 @@ def test_the_query_scale_is_folded_into_the_qkv_weights_in_a_fused_call(dtype):
     dense.build((None, 4))
     x = tf.constant(np.random.default_rng(0).normal(size=(5, 4)), tf.float32)
     columns = np.array([0.125] * 4 + [1.0] * 8, "float32")
-    folded = project_scaled(dense, x, 4, 0.125, training=True)
+    folded, was_folded = project_scaled(dense, x, 4, 0.125, training=True)
+    assert was_folded
     expected = np.asarray(tf.cast(dense(x), tf.float32)) * columns
     # float32: the same products reordered (1e-6 of the largest entry);
     # bfloat16: one rounding of each (2^-8), the fold rounding once less.
     bound = 1e-6 if dtype == "float32" else 2.0**-8
     assert scale_errors([tf.cast(folded, tf.float32)], [expected])[0] <= bound
-    # Nothing to fold outside a fused training call or into a Dense with its
-    # own call: the caller scales.
-    assert project_scaled(dense, x, 4, 0.125, training=False) is None
+    # Nothing folded outside a fused call or into a Dense with its own call:
+    # the Dense's output as it is, and the caller scales.
+    out, was_folded = project_scaled(dense, x, 4, 0.125, training=False)
+    assert not was_folded
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(dense(x)))
+    with fused.inference():
+        assert project_scaled(dense, x, 4, 0.125, training=False)[1]
     dense.enable_lora(2)
-    assert project_scaled(dense, x, 4, 0.125, training=True) is None
+    out, was_folded = project_scaled(dense, x, 4, 0.125, training=True)
+    assert not was_folded
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(dense(x)))
 
 
 def test_layer_norm_is_a_keras_layer_normalization_with_its_config():

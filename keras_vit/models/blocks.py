@@ -192,12 +192,12 @@ class MultiHeadSelfAttention(_TokenAttentionLayer):
         # fused training call the scale goes into the QKV weights instead
         # (not with QK-norm, which would undo it).
         scale = head_dim**-0.5
-        qkv = None
         if self.qk_norm is None:
-            qkv = project_scaled(self.qkv, x2d, heads * head_dim, scale, training)
-        scaled = qkv is not None
-        if not scaled:
-            qkv = project(self.qkv, x2d, training)
+            qkv, scaled = project_scaled(
+                self.qkv, x2d, heads * head_dim, scale, training
+            )
+        else:
+            qkv, scaled = project(self.qkv, x2d, training), False
         # One transpose to (3, batch * heads, num_tokens, head_dim) makes both
         # attention products plain 3-D batched matmuls with contiguous
         # operands: 15% (XLA) to 30% (no XLA) less time than einsums over

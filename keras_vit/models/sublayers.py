@@ -57,10 +57,12 @@ def plain_dense(dense) -> bool:
     )
 
 
-def bare_product(dense, x):
-    """`x @ kernel` of a `plain_dense`, in its compute dtype."""
+def bare_product(dense, x, kernel=None):
+    """`x @ kernel` of a `plain_dense` (or `x @` the given float32 `kernel`
+    in its place), in its compute dtype."""
     dtype = dense.compute_dtype
-    return ops.matmul(ops.cast(x, dtype), ops.cast(dense.kernel, dtype))
+    kernel = dense.kernel if kernel is None else kernel
+    return ops.matmul(ops.cast(x, dtype), ops.cast(kernel, dtype))
 
 
 def project(dense, x, training=None):
@@ -77,24 +79,21 @@ def project(dense, x, training=None):
 
 
 def project_scaled(dense, x, width: int, scale: float, training=None):
-    """`project(dense, x)` with its first `width` output columns times
-    `scale`; in a fused training call of a `plain_dense` the scale is folded
-    into the kernel and bias (a pass over the weights, not the activations:
-    the attention's query scaling forward and backward, a bfloat16 ViT-Ti/16
-    step at batch 32 602 -> 580 ms). None when it cannot be folded: the
-    caller scales."""
-    width_model = min(dense.kernel.shape)
-    if not (fused.active(training, width_model) and plain_dense(dense)):
-        return None
-    dtype = dense.compute_dtype
+    """`(project(dense, x), folded)`. In a fused training call of a
+    `plain_dense` the first `width` output columns come out times `scale`,
+    folded into the kernel and bias (a pass over the weights, not the
+    activations: the attention's query scaling forward and backward, a
+    bfloat16 ViT-Ti/16 step at batch 32 602 -> 580 ms), and `folded` is
+    True; otherwise the output is `project`'s and the caller scales."""
+    if not (fused.active(training, min(dense.kernel.shape)) and plain_dense(dense)):
+        return project(dense, x, training), False
     rest = dense.units - width
     columns = ops.concatenate([ops.full((width,), scale), ops.ones((rest,))])
-    kernel = ops.cast(dense.kernel, "float32") * columns
+    y = bare_product(dense, x, ops.cast(dense.kernel, "float32") * columns)
     bias = ops.cast(dense.bias, "float32") * columns
-    y = ops.matmul(ops.cast(x, dtype), ops.cast(kernel, dtype))
-    if dtype == "float32":
-        return ops.add(y, bias)
-    return fused.bias_add(y, bias)
+    if dense.compute_dtype == "float32":
+        return ops.add(y, bias), True
+    return fused.bias_add(y, bias), True
 
 
 MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
