@@ -69,7 +69,7 @@ def disabled():
 def inference():
     """Within the block, inference calls (`training` False or None) of models
     at least `MIN_FEATURES` wide use the kernels too: ViT-Ti/16 at 224,
-    batch 32, mixed bfloat16, 2-core Xeon with AMX: 132 -> 183 img/s
+    batch 32, mixed bfloat16, 2-core Xeon with AMX: 142 -> 202 img/s
     (docs/performance.md). Opt-in because a function traced inside holds
     XLA-compiled kernels: run it on TensorFlow in this process, do not save
     it (keras_vit's exports trace their own, plain, under `disabled()`).

@@ -79,7 +79,7 @@ def project(dense, x, training=None):
 
 
 def project_scaled(dense, x, width: int, scale: float, training=None):
-    """`(project(dense, x), folded)`. In a fused training call of a
+    """`(project(dense, x), folded)`. In a fused call (`fused.active`) of a
     `plain_dense` the first `width` output columns come out times `scale`,
     folded into the kernel and bias (a pass over the weights, not the
     activations: the attention's query scaling forward and backward, a
