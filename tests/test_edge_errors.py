@@ -180,3 +180,4 @@ def test_disk_full_during_export_is_one_line(small_disk, tmp_path, capsys):
     assert line.startswith("keras-vit export: error: no space left on the device")
     leftovers = [p for p in small_disk.rglob("*") if p.is_file()]
     assert leftovers == []  # the partial version was removed
+    assert not (small_disk / "tiny").exists()  # and the folder it made

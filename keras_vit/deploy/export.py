@@ -22,6 +22,7 @@ integer) never sees a half-written version.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -199,40 +200,56 @@ def export_model(
 
     root = Path(root)
     model_dir = root / name
+    created = not model_dir.exists()
     model_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_partials(model_dir)
-    reference = _reference(model, graphs, verify, preprocessing)
-    version, reservation = claim_version(model_dir, name, version)
-    partial = None
-    staged = []
     try:
-        final = model_dir / str(version)
-        metadata = _metadata(
-            name, version, model, variant, labels, preprocessing, graphs, reference
-        )
-        if quantize is not None:
-            floats = _reference(float_model, graphs, verify, preprocessing)
-            metadata["quantization"] = quantize
-            metadata["parity"]["quantized_vs_float"] = _parity(floats, reference)
-        partial, tflite_files = _write_version(
-            model_dir, final, metadata, model, kinds, representative, verify, reference
-        )
-        if is_latest(model_dir, version):  # else a later one finished first
-            _stage_latest(staged, root, name, model, metadata, tflite_files)
-        # Every file is written; what is left is renames, which Ctrl-C and
-        # SIGTERM wait for: the version folder and the latest version's
-        # files appear together or not at all (a full disk fails above).
-        with signals_held():
-            os.rename(partial, final)
-            partial = None
-            publish_staged(staged)
-            staged.clear()
-    finally:
-        shutil.rmtree(reservation, ignore_errors=True)
-        if partial is not None:
-            shutil.rmtree(partial, ignore_errors=True)
-        for temp, _ in staged:
-            discard(temp)
+        remove_stale_partials(model_dir)
+        reference = _reference(model, graphs, verify, preprocessing)
+        version, reservation = claim_version(model_dir, name, version)
+        partial = None
+        staged = []
+        try:
+            final = model_dir / str(version)
+            metadata = _metadata(
+                name, version, model, variant, labels, preprocessing, graphs, reference
+            )
+            if quantize is not None:
+                floats = _reference(float_model, graphs, verify, preprocessing)
+                metadata["quantization"] = quantize
+                metadata["parity"]["quantized_vs_float"] = _parity(floats, reference)
+            partial, tflite_files = _write_version(
+                model_dir,
+                final,
+                metadata,
+                model,
+                kinds,
+                representative,
+                verify,
+                reference,
+            )
+            if is_latest(model_dir, version):  # else a later one finished first
+                _stage_latest(staged, root, name, model, metadata, tflite_files)
+            # Every file is written; what is left is renames, which Ctrl-C and
+            # SIGTERM wait for: the version folder and the latest version's
+            # files appear together or not at all (a full disk fails above).
+            with signals_held():
+                os.rename(partial, final)
+                partial = None
+                publish_staged(staged)
+                staged.clear()
+        finally:
+            shutil.rmtree(reservation, ignore_errors=True)
+            if partial is not None:
+                shutil.rmtree(partial, ignore_errors=True)
+            for temp, _ in staged:
+                discard(temp)
+    except BaseException:
+        if created:
+            # The folder this call made, if still empty (a concurrent
+            # export's files keep it): a failed first export leaves nothing.
+            with contextlib.suppress(OSError):
+                model_dir.rmdir()
+        raise
     return metadata
 
 

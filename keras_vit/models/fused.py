@@ -75,7 +75,9 @@ def inference():
     it (keras_vit's exports trace their own, plain, under `disabled()`).
     Keras keeps the predict function it traced first: call `model.predict`
     inside the block from the start, or `model.make_predict_function(
-    force=True)` after entering it. Inside `disabled()` it does nothing."""
+    force=True)` after entering it. Inside `disabled()` it does nothing.
+    Process-wide, like `disabled()` (MirroredStrategy traces its replicas in
+    threads of their own)."""
     global _inference
     previous, _inference = _inference, True
     try:
