@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_vit.deploy.qat import int8_tflite
 from keras_vit.models import qat
 from keras_vit.models.vit import ViT
 from keras_vit.training.config import validate
@@ -125,6 +126,19 @@ def test_config_checks_the_qat_switch():
     teacher = dataclasses.replace(config.distill, teacher="cnn.keras")
     with pytest.raises(ValueError, match="got distill.teacher 'cnn.keras'"):
         validate(dataclasses.replace(config, distill=teacher))
+    # Its int8 .tflite is converted from the float32 QAT model.
+    with pytest.raises(ValueError, match="got precision='mixed_bfloat16'"):
+        validate(dataclasses.replace(config, precision="mixed_bfloat16"))
+    validate(dataclasses.replace(config, precision="auto"))
+
+
+def test_a_low_precision_qat_model_is_refused_by_its_policy():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    qat_model = qat.quantize_aware(tiny_vit())
+    keras.mixed_precision.set_global_policy("float32")
+    calibration = np.random.default_rng(1).uniform(0, 255, (8, 8, 8, 1))
+    with pytest.raises(ValueError, match="computes in mixed_bfloat16"):
+        int8_tflite(qat_model, calibration.astype("float32"))
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from keras_vit.deploy.signatures import write_saved_model
 from keras_vit.models import qat
 from keras_vit.models.cnn import SmallCNN
 from keras_vit.models.hybrid import HybridViT
+from keras_vit.models.precision import computes_in_float32, float32_copy
 from keras_vit.models.preprocessing import normalize_pixels, normalize_preprocessing
 from keras_vit.models.vit import ViT
 
@@ -71,7 +72,19 @@ MODEL_KINDS = {
     "cnn": lambda: SmallCNN(
         SIZE, CLASSES, widths=(4, 8), num_channels=CHANNELS, name="tiny_cnn"
     ),
+    # Trained under mixed bfloat16 (the automatic precision on CPUs with
+    # AVX512_BF16 or AMX): every file is made from its float32 twin.
+    "vit_bf16": lambda: under_policy("mixed_bfloat16", tiny_vit),
 }
+
+
+def under_policy(policy: str, build):
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        return build()
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
 
 
 def pixels(shape, dtype="float32", seed=0):
@@ -92,6 +105,11 @@ def files(request, tmp_path_factory):
     for kind in tflite.KINDS:
         source = root / ("int16" if kind == "int16x8" else "saved")
         found[kind] = tflite.convert(source, kind, calibration)
+    if not computes_in_float32(model):
+        # From here the float32 twin the files were made from: the float kinds
+        # are compared with it (tests/test_precision.py bounds it against the
+        # model), and QAT trains in float32 (test_qat refuses a bfloat16 one).
+        model = float32_copy(model)
     found["qat_int8"] = int8_tflite(qat.quantize_aware(model), calibration)
     return found, model, preprocessing
 

@@ -45,6 +45,11 @@ from keras_vit.files import publish as publish_staged
 from keras_vit.models import quantization
 from keras_vit.models.image_bytes import DEFAULT_MAX_PIXELS
 from keras_vit.models.lora import has_lora, merge_lora
+from keras_vit.models.precision import (
+    computes_in_float32,
+    float32_copy,
+    low_precision_policy,
+)
 from keras_vit.models.preprocessing import (
     normalize_pixels,
     normalize_preprocessing,
@@ -193,6 +198,11 @@ def export_model(
     if has_lora(model):
         # The adapters folded into the kernels: an ordinary graph to export.
         model = merge_lora(model)
+    trained = None
+    if not computes_in_float32(model):
+        # The same weights computing in float32 (models.precision): TFLite
+        # converts no bfloat16 graph; the metadata says how far it is.
+        trained, model = model, float32_copy(model)
     float_model = model
     if quantize is not None:
         model = quantization.quantized_copy(model, quantize)
@@ -213,10 +223,15 @@ def export_model(
             metadata = _metadata(
                 name, version, model, variant, labels, preprocessing, graphs, reference
             )
+            floats = reference
             if quantize is not None:
                 floats = _reference(float_model, graphs, verify, preprocessing)
                 metadata["quantization"] = quantize
                 metadata["parity"]["quantized_vs_float"] = _parity(floats, reference)
+            if trained is not None:
+                metadata["trained_precision"] = low_precision_policy(trained)
+                lows = _reference(trained, graphs, verify, preprocessing)
+                metadata["parity"]["float32_vs_trained"] = _parity(lows, floats)
             partial, tflite_files = _write_version(
                 model_dir,
                 final,

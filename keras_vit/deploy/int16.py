@@ -23,6 +23,7 @@ import keras
 from keras import ops
 
 from keras_vit.deploy.signatures import write_saved_model
+from keras_vit.models.precision import in_float32
 
 
 def _plain_layer_norm(layer, inputs, training=None):
@@ -68,6 +69,8 @@ def plain_layer_norms(model: keras.Model):
 
 def write_source(model, path, labels, preprocessing, top_k, max_pixels) -> None:
     """Writes the SavedModel the `int16x8` kind converts: `model`'s own
-    signatures, traced with `plain_layer_norms`."""
+    signatures, traced with `plain_layer_norms` (on its float32 twin if it
+    computes in low precision: `write_saved_model` would copy it unpatched)."""
+    model = in_float32(model)
     with plain_layer_norms(model):
         write_saved_model(model, path, labels, preprocessing, top_k, max_pixels)

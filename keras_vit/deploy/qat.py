@@ -14,6 +14,7 @@ import keras
 
 from keras_vit.deploy import tflite as tflite_lib
 from keras_vit.deploy.signatures import write_saved_model
+from keras_vit.models.precision import computes_in_float32, low_precision_policy
 from keras_vit.models.preprocessing import normalize_preprocessing
 from keras_vit.models.qat import activation_quantizers, for_conversion
 
@@ -37,6 +38,16 @@ def int8_tflite(
         )
     preprocessing = normalize_preprocessing(qat_model, preprocessing)
     labels = labels or [str(i) for i in range(qat_model.output_shape[-1])]
+    if not computes_in_float32(qat_model):
+        # A QAT model does not rebuild from its config (its layers are
+        # swapped in place), so it has no float32 twin to write.
+        raise ValueError(
+            f"int8_tflite: model {qat_model.name!r} computes in "
+            f"{low_precision_policy(qat_model)}; quantization-aware training "
+            "for an int8 .tflite runs under the float32 policy "
+            "(keras.mixed_precision.set_global_policy('float32') before "
+            "quantize_aware, or precision='float32' in the recipe)."
+        )
     with tempfile.TemporaryDirectory() as tmp, for_conversion(qat_model):
         write_saved_model(qat_model, tmp, labels, preprocessing)
         content = tflite_lib.convert(tmp, "int8", representative_pixels)

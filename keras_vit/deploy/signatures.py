@@ -44,6 +44,7 @@ from keras_vit.deploy.serving import (
     prediction_log_bytes,
 )
 from keras_vit.models import fused, image_bytes
+from keras_vit.models.precision import in_float32
 from keras_vit.models.preprocessing import normalize_pixels, resize_pixels
 from keras_vit.models.resolution import input_stride, is_dynamic_size
 
@@ -237,10 +238,13 @@ def write_saved_model(
 ) -> None:
     """Writes the SavedModel with both signatures to `path` (not atomic; see
     `export_model`); `classify_images` refuses images that declare more than
-    `max_pixels` pixels. Traced with the fused kernels off (`fused.disabled`,
+    `max_pixels` pixels. A model computing in bfloat16 or float16 is written
+    as its float32 twin (`models.precision.float32_copy`: TFLite converts no
+    bfloat16 graph). Traced with the fused kernels off (`fused.disabled`,
     even within `fused.inference()`): the SavedModel holds no XLA function,
     which TF Serving runs only behind its experimental
     `--xla_cpu_compilation_enabled` flag."""
+    model = in_float32(model)
     with fused.disabled():
         _write_saved_model(model, path, labels, preprocessing, top_k, max_pixels)
 

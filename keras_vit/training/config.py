@@ -264,6 +264,12 @@ def validate(config: TrainConfig) -> TrainConfig:
         # Checked before training, so a name the export cannot write is not
         # found out after the whole run.
         _validate_export_target(config.export_name, config.export_root)
+    if config.qat and config.precision not in ("auto", "float32"):
+        # Its int8 .tflite is converted from the float32 QAT model.
+        raise ValueError(
+            f"qat trains under float32 (precision 'auto' or 'float32'); got "
+            f"precision={config.precision!r}."
+        )
     if config.qat and config.distill.teacher:
         raise ValueError(
             "qat does not combine with a teacher; got distill.teacher "

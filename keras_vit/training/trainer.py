@@ -215,7 +215,9 @@ def resolve_settings(config: TrainConfig) -> tuple[TrainConfig, dict]:
     """`config` with "auto" precision / jit_compile replaced by this machine's
     choice (keras_vit.hardware.choose_settings), and the record of it."""
     macs = _macs_per_image(config)
-    settings = choose_settings(macs, config.precision, config.jit_compile)
+    # A QAT run trains in float32 (validate): only XLA is chosen for it.
+    precision = "float32" if config.qat else config.precision
+    settings = choose_settings(macs, precision, config.jit_compile)
     settings["macs_per_image"] = int(macs)
     settings["hardware"] = describe_hardware()
     config = dataclasses.replace(
