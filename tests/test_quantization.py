@@ -13,7 +13,10 @@ from PIL import Image
 import keras_vit
 from keras_vit.cli import main
 from keras_vit.deploy.export import export_model
+from keras_vit.models.preprocessing import normalize_preprocessing
 from keras_vit.models.quantization import quantized_copy
+from keras_vit.training import outputs
+from keras_vit.training.recipes import load_recipe
 
 SMALL = dict(hidden_dim=32, num_layers=2, num_heads=2, mlp_dim=64)
 
@@ -123,6 +126,26 @@ def test_cli_export_quantize(digits_model, tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", *argv, "--quantize", "int2"]) == 2
     assert "invalid choice: 'int2'" in capsys.readouterr().err
+    # Without --tflite: the SavedModel alone, said in one line.
+    assert main(["export", *argv, "--quantize", "int8"]) == 0
+    assert "no .tflite files: a --quantize int8 export" in capsys.readouterr().out
+    assert not list(root.glob("*.tflite"))
+    # With TFLite kinds named: refused before any work, naming the way out.
+    assert main(["export", *argv, "--quantize", "int8", "--tflite", "float32"]) == 2
+    assert "pass tflite=() with it" in capsys.readouterr().err
+
+
+def test_a_recipe_with_export_quantize_exports_its_savedmodel(digits_model, tmp_path):
+    model, _, _, labels = digits_model
+    overrides = {"export_quantize": "int8", "export_name": "dq"}
+    config = load_recipe("digits", {**overrides, "export_root": str(tmp_path)})
+    preprocessing = normalize_preprocessing(
+        model, {"mean": [0.5], "std": [0.5], "resize_method": "nearest"}
+    )
+    metadata = outputs._export(model, config, labels, preprocessing)
+    assert metadata["quantization"] == "int8"
+    assert (tmp_path / "dq" / "1" / "saved_model.pb").is_file()
+    assert not list(tmp_path.glob("*.tflite"))
 
 
 def test_training_config_export_quantize_is_validated():

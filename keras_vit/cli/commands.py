@@ -138,6 +138,12 @@ def cmd_export(args) -> int:
             existing_path(args.representative, "representative images")
         )
     kinds = split_list(args.tflite) if args.tflite is not None else None
+    if kinds is None and args.quantize:
+        kinds = []
+        print(
+            f"no .tflite files: a --quantize {args.quantize} export is a SavedModel "
+            "only (export without --quantize for TFLite's own int8 kinds)"
+        )
     if kinds is None:
         kinds = ["float32", "float16", "dynamic_int8"]
         if data is not None or representative is not None:

@@ -177,12 +177,19 @@ def export_model(
         quantize: None, or a `keras_vit.models.quantization` mode (`"int8"`,
             `"int4"`, `"float8"`): a quantized copy of `model` is exported,
             and its agreement with the float model goes into the metadata
-            (`parity.quantized_vs_float`).
+            (`parity.quantized_vs_float`); SavedModel only (`tflite=()`).
         max_pixels: the bytes signature refuses images whose header declares
             more pixels (before decoding them); recorded in the metadata.
     """
     check_export_target(name, root)
     kinds = tflite_lib.check_kinds(tflite)
+    if quantize is not None and kinds:
+        raise ValueError(
+            f"quantize={quantize!r} exports a Keras-quantized SavedModel, which "
+            f"the TFLite converter cannot read (tflite={list(kinds)}): pass "
+            "tflite=() with it. TFLite quantizes by itself: export without "
+            "quantize for the 'dynamic_int8' and 'int8' kinds."
+        )
     if kinds and is_dynamic_size(model):
         raise ValueError(
             f"A dynamic-size model exports no .tflite file (tflite={list(kinds)}): "

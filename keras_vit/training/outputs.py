@@ -148,6 +148,8 @@ def _export(model, config, labels, preprocessing) -> dict:
         seed=config.seed,
         variant=config.model.variant,
         quantize=config.export_quantize or None,
+        # A Keras-quantized SavedModel has no TFLite conversion.
+        **({"tflite": ()} if config.export_quantize else {}),
     )
 
 
