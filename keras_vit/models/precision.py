@@ -2,11 +2,10 @@
 
 Keras' mixed policies (`mixed_bfloat16`, `mixed_float16`) keep float32
 variables and compute in bfloat16 or float16. The TFLite converter has no
-builtin op for bfloat16 tensors (it refuses the graph, naming every op), and
-a TF Serving model computing in bfloat16 gives other answers on CPUs with
-and without native bfloat16. So the exporters write the same weights
-computing in float32; TFLite's float16 and int8 kinds are then made from
-that graph as from any float32 model.
+builtin op for bfloat16 tensors (it refuses the graph, naming every op). So
+the exporters write the same weights computing in float32, one graph for
+the SavedModel and every TFLite kind (float16 and int8 are made from it as
+from any float32 model), and record how far it is from the trained model.
 """
 
 from __future__ import annotations
