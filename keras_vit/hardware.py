@@ -142,9 +142,12 @@ def choose_settings(
         reason = f"GPU compute capability {'.'.join(map(str, min(gpus)))}"
         best_jit = True
     elif macs_per_image < SMALL_MODEL_MACS:
+        # Only what was chosen here: a given precision is not "float32".
+        chosen = ["float32"] if "precision" in resolved else []
+        chosen += ["without XLA"] if jit_compile == "auto" else []
         reason = (
             f"{macs_per_image / 1e6:.1f}M MACs per image: per-op overhead "
-            "dominates, float32 without XLA"
+            "dominates" + (", " + " ".join(chosen) if chosen else "")
         )
         best_jit = False
     elif precision != "float32":

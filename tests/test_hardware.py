@@ -51,6 +51,12 @@ def test_explicit_settings_are_kept_and_xla_follows_the_given_precision():
     assert (choice["precision"], choice["jit_compile"]) == ("float32", False)
     assert choice["auto"] == ["precision"]
     assert SMALL_MODEL_MACS > DIGITS * 10 and SMALL_MODEL_MACS < TI16 / 10
+    # The reason names only what was chosen: a small model trained in a given
+    # bfloat16 is not said to run in float32.
+    choice = choose_settings(DIGITS, "mixed_bfloat16", "auto", gpus=[], flags=AVX2)
+    assert choice["reason"].endswith("per-op overhead dominates, without XLA")
+    choice = choose_settings(DIGITS, "auto", "auto", gpus=[], flags=AVX2)
+    assert choice["reason"].endswith("dominates, float32 without XLA")
 
 
 def test_bad_values_name_what_is_valid():
