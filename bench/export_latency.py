@@ -78,9 +78,12 @@ def _latencies(call: Callable[[], object], n: int) -> list[float]:
 
 
 def run(args: argparse.Namespace, root: Path) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
     import keras
     import numpy as np
     import tensorflow as tf
+    from throughput import recorded_command
 
     import keras_vit
     from keras_vit.deploy import tflite as tflite_lib
@@ -178,7 +181,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
             "iterations": args.iterations,
             "rounds": args.rounds,
             "litert_threads": args.threads,
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "command": recorded_command(),
         },
         "environment": {
             "tensorflow": tf.__version__,

@@ -136,7 +136,7 @@ def op_times(step, count: int) -> dict:
 
 def run(args) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from throughput import environment
+    from throughput import environment, recorded_config
 
     steps = make_steps(args)
     rates = {name: [] for name in SETTINGS}
@@ -150,9 +150,7 @@ def run(args) -> dict:
             seconds = time.perf_counter() - start
             rates[name].append(args.steps * args.batch_size / seconds)
     report = {
-        "config": {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-        },
+        "config": recorded_config(args),
         "environment": environment(),
         "images_per_second": {name: max(v) for name, v in rates.items()},
         "rounds_images_per_second": rates,

@@ -169,7 +169,7 @@ def run(args) -> dict:
     import tensorflow as tf
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from throughput import environment
+    from throughput import environment, recorded_config
 
     images, labels = make_images(args.num_images, args.min_side, args.max_side)
     with tempfile.TemporaryDirectory(prefix="keras_vit_pipeline_") as tmp:
@@ -205,9 +205,7 @@ def run(args) -> dict:
             }
         )
     return {
-        "config": {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-        },
+        "config": recorded_config(args),
         "environment": environment(),
         "tf_data_autotune": True,
         "threads": tf.config.threading.get_intra_op_parallelism_threads(),

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import recorded  # noqa: E402  paths as committed results hold them
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -138,7 +140,7 @@ def run(args, root: Path) -> dict:
         row["tflite_ms"] = latency[name]
     distill = config.distill
     return {
-        "model": args.model,
+        "model": recorded(args.model),
         "finetune_steps": steps,
         "head_criterion": args.head_criterion,
         "learning_rate": config.optim.learning_rate,
@@ -147,7 +149,7 @@ def run(args, root: Path) -> dict:
             "kind": distill.kind,
             "temperature": distill.temperature,
             "weight": distill.weight,
-            "path": distill.teacher,
+            "path": recorded(distill.teacher),
         },
         "rows": rows,
         "note": "shared 2-core machine; TFLite 1 thread, batch 1, medians",

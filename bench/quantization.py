@@ -22,6 +22,8 @@ from pathlib import Path
 
 # Measure this checkout's keras_vit, whichever is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import recorded  # noqa: E402  paths as committed results hold them
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
         for n in fns:
             results[n][f"latency_ms_batch{batch}"] = 1e3 * statistics.median(times[n])
     out = {
-        "model": args.model,
+        "model": recorded(args.model),
         "held_out_images": int(len(labels)),
         "note": "2 shared CPU cores, other jobs running: compare ratios",
         "results": results,

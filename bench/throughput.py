@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Measure this checkout's keras_vit, whichever is installed.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 PEERS = ("keras_vit", "keras_hub", "timm")
 MODES = ("train", "infer")
@@ -463,6 +464,40 @@ def timed(contestant: Contestant, steps: int) -> float:
     return seconds
 
 
+def recorded(value):
+    """An argument as a result file records it: an absolute path inside the
+    repository relative to its root, one outside it by its file name alone,
+    so that a committed result names no machine's folders. Other values
+    (relative paths included) are kept; `Path`s become strings."""
+    if not isinstance(value, (str, Path)):
+        return value
+    path = Path(value)
+    if not path.is_absolute():
+        return str(value)
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return path.name
+
+
+def recorded_config(args: argparse.Namespace) -> dict:
+    """The parsed arguments of a benchmark, each as `recorded` writes it."""
+    return {key: recorded(value) for key, value in vars(args).items()}
+
+
+def recorded_command() -> str:
+    """The command line that ran this process, its paths as `recorded`
+    writes them (`--json=/x/y.json` included)."""
+    words = [Path(sys.executable).name]
+    for word in sys.argv:
+        flag, equals, value = word.partition("=")
+        if equals and flag.startswith("-"):
+            words.append(f"{flag}={recorded(value)}")
+        else:
+            words.append(recorded(word))
+    return " ".join(words)
+
+
 def environment() -> dict:
     import keras
     import tensorflow as tf
@@ -667,7 +702,7 @@ def run(args: argparse.Namespace) -> dict:
             "peers": args.peers,
             "modes": args.modes,
             "jit": args.jit,
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "command": recorded_command(),
         },
         "environment": environment(),
         "matmul_peak_gflops": peak,

@@ -94,10 +94,30 @@ def test_tiny_run_writes_json_with_expected_keys(throughput, tmp_path, capsys):
         assert r["peak_rss_mib"] > 0
     if "timm" in peers:
         assert "timm" in report["skipped"]
+    # A committed result names no machine's folders (the --json path is
+    # outside the repository here).
+    assert str(tmp_path) not in out.read_text()
     printed = capsys.readouterr().out
     assert "| train | keras_vit | no jit |" in printed
     assert "matmul-bound ceiling" in printed
     assert f"wrote {out}" in printed
+
+
+def test_results_record_paths_relative_to_the_repository(throughput, monkeypatch):
+    repo = Path(__file__).resolve().parents[1]
+    record = throughput.recorded
+    assert record(repo / "bench" / "results" / "x.json") == "bench/results/x.json"
+    assert record(str(repo / "runs" / "digits" / "model.keras")) == (
+        "runs/digits/model.keras"
+    )
+    assert record("/elsewhere/scratch/x.json") == "x.json"
+    assert record("runs/digits/model.keras") == "runs/digits/model.keras"
+    assert record("") == "" and record(None) is None and record(3) == 3
+    monkeypatch.setattr(
+        sys, "argv", ["bench/x.py", "--json=/scratch/a.json", "--model", "/m/b.keras"]
+    )
+    command = throughput.recorded_command()
+    assert command.endswith("bench/x.py --json=a.json --model b.keras")
 
 
 def test_bad_arguments_name_the_valid_values(throughput, capsys):
@@ -170,6 +190,7 @@ def test_input_pipeline_bench_runs_tiny_and_reports_every_stage(tmp_path, capsys
         assert r["images_per_second"] > 0
         assert r["over_model_training"] == pytest.approx(r["images_per_second"] / 10)
     assert report["environment"]["cpu_flags"] is not None
+    assert report["config"]["json"] == "pipeline.json"
     assert "| tfrecord | +MixUp 0.8 / CutMix 1.0 |" in capsys.readouterr().out
 
 
@@ -205,6 +226,7 @@ def test_fused_kernels_bench_runs_tiny_with_its_profile(tmp_path, capsys):
     assert code == 0
     report = json.loads(out.read_text())
     assert set(report["rounds_images_per_second"]) == {"fused", "plain"}
+    assert report["config"]["json"] == "fused.json"
     assert all(len(v) == 2 for v in report["rounds_images_per_second"].values())
     profile = report["profile"]
     # The plain step runs GELU and LayerNorm as TensorFlow ops; the fused
