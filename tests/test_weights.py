@@ -286,13 +286,19 @@ def test_npz_with_object_arrays_is_refused(tmp_path):
 
 def torch_zip_bytes():
     """The layout of `torch.save`'s zip format (a pickle inside), made here
-    without torch."""
+    without torch. The entries carry a fixed date so the bytes are the same in
+    every process (pytest-xdist workers must collect identical test cases)."""
     import io
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
-        archive.writestr("archive/version", b"3\n")
+        for name, data in (
+            ("archive/data.pkl", b"\x80\x02}q\x00."),
+            ("archive/version", b"3\n"),
+        ):
+            archive.writestr(
+                zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data
+            )
     return buffer.getvalue()
 
 
@@ -305,6 +311,7 @@ def torch_zip_bytes():
         ("model.safetensors", torch_zip_bytes()),
         ("weights.npz", torch_zip_bytes()),
     ],
+    ids=["zip-bin", "bare-pickle-pt", "zip-as-safetensors", "zip-as-npz"],
 )
 def test_torch_pickles_are_refused_without_being_opened(tmp_path, filename, content):
     path = tmp_path / filename
