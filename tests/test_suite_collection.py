@@ -3,39 +3,24 @@ pytest-xdist compares the lists its workers collect and refuses to run when
 they differ (a parameter made from the clock, a random value or an unordered
 set gives each worker its own test ids)."""
 
-import os
-import subprocess
-import sys
 import time
 
 import pytest
-from helpers import REPO
+from helpers import run_python
 
 
 def collected_ids(seed):
     """Every test id of a plain collection in a fresh process; the hash seed
     differs per call so that set and dict order of strings shows up too."""
-    env = dict(os.environ, PYTHONHASHSEED=str(seed))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-o",
-            "addopts=",
-            "-p",
-            "no:cacheprovider",
-            "tests",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+    result = run_python(
+        """
+        import sys, pytest
+        sys.exit(pytest.main(["--collect-only", "-q", "-o", "addopts=",
+                              "-p", "no:cacheprovider", "tests"]))
+        """,
+        env={"PYTHONHASHSEED": str(seed)},
         timeout=600,
     )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return [line for line in result.stdout.splitlines() if "::" in line]
 
 
