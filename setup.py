@@ -70,11 +70,12 @@ setup(
             "ai-edge-litert",
             "matplotlib",
             "safetensors>=0.8",
+            # The backend tests: a model trained on TensorFlow runs on JAX.
+            "jax[cpu]",
             # tensorflow-serving-api pins the full tensorflow package, so it
             # cannot be listed here without pulling a second TensorFlow; the
-            # tests need only its protos. .ci/run and the README's test
-            # command install it with `pip install --no-deps
-            # tensorflow-serving-api`.
+            # tests need only its protos. .ci/test (the README's test
+            # command) installs it, and mlxtend, with `--no-deps`.
             "ruff",
             "import-linter",
         ],

@@ -76,8 +76,41 @@ def _cpuinfo_lines() -> list[str]:
         return []
 
 
-def cpu_has_fast_bfloat16(flags: frozenset[str] | None = None) -> bool:
+# What a oneDNN ISA cap (ONEDNN_MAX_CPU_ISA, oneDNN's own variable) takes
+# away. Under a cap below AVX512_CORE_BF16 on a CPU that reports bfloat16,
+# TensorFlow still hands bfloat16 ops to oneDNN, which then refuses them
+# (measured on Zen 4 with the cap at AVX2: the process aborts), so keras_vit's
+# automatic choices follow the cap, not /proc/cpuinfo.
+_AVX512 = frozenset({"avx512f", "avx512_vnni", "avx512_bf16"})
+_AMX = frozenset({"amx_tile", "amx_bf16"})
+_ONEDNN_CAPS = {
+    "SSE41": _AVX512 | _AMX | {"avx2", "fma"},
+    "AVX": _AVX512 | _AMX | {"avx2", "fma"},
+    "AVX2": _AVX512 | _AMX,
+    "AVX2_VNNI": _AVX512 | _AMX,
+    "AVX2_VNNI_2": _AVX512 | _AMX,
+    "AVX512_CORE": frozenset({"avx512_vnni", "avx512_bf16"}) | _AMX,
+    "AVX512_CORE_VNNI": frozenset({"avx512_bf16"}) | _AMX,
+    "AVX512_CORE_BF16": _AMX,
+    "AVX512_CORE_FP16": _AMX,
+    "AVX10_1_512": _AMX,
+}
+
+
+def onednn_isa_cap() -> str | None:
+    """ONEDNN_MAX_CPU_ISA when it is set to a cap (not DEFAULT / ALL)."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    return cap if cap and cap not in ("DEFAULT", "ALL") else None
+
+
+def usable_cpu_flags(flags: frozenset[str] | None = None) -> frozenset[str]:
+    """`flags` (default: this CPU's) less what a oneDNN ISA cap forbids."""
     flags = cpu_flags() if flags is None else flags
+    return flags - _ONEDNN_CAPS.get(onednn_isa_cap() or "", frozenset())
+
+
+def cpu_has_fast_bfloat16(flags: frozenset[str] | None = None) -> bool:
+    flags = usable_cpu_flags() if flags is None else flags
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
@@ -99,6 +132,7 @@ def describe() -> dict:
     return {
         "cpu": cpu_name(),
         "cpu_flags": [f for f in CPU_FEATURES if f in flags],
+        "onednn_max_cpu_isa": onednn_isa_cap(),
         "cpu_count": os.cpu_count(),
         "gpus": [list(cc) for cc in gpu_compute_capabilities()],
     }
@@ -128,7 +162,7 @@ def choose_settings(
             f"jit_compile must be 'auto', true or false, got {jit_compile!r}."
         )
     gpus = gpu_compute_capabilities() if gpus is None else gpus
-    flags = cpu_flags() if flags is None else flags
+    flags = usable_cpu_flags() if flags is None else flags
     resolved = []
     if precision == "auto":
         resolved.append("precision")
@@ -179,4 +213,6 @@ __all__ = [
     "cpu_name",
     "describe",
     "gpu_compute_capabilities",
+    "onednn_isa_cap",
+    "usable_cpu_flags",
 ]

@@ -55,12 +55,13 @@ def test_a_tensorflow_trained_model_runs_the_same_on_another_backend(backend, tm
         assert keras.backend.backend() == sys.argv[2], keras.backend.backend()
         import keras_vit
         sys.path.insert(0, "tests")
-        from helpers import check_config_round_trip
+        from helpers import FLOAT32_PARITY, assert_close, check_config_round_trip
         d = Path(sys.argv[1])
         model = keras.saving.load_model(d / "m.keras", safe_mode=True)
         x = np.load(d / "x.npy")
         out = keras.ops.convert_to_numpy(model(x))
-        np.testing.assert_allclose(out, np.load(d / "expected.npy"), atol=1e-5)
+        # Another backend's kernels: float32 reassociation (helpers).
+        assert_close(out, np.load(d / "expected.npy"), FLOAT32_PARITY)
         for layer in model.layers:
             if type(layer).__module__ == "keras_vit.models.layers":
                 check_config_round_trip(layer)

@@ -53,6 +53,7 @@ def test_ceiling_shapes_are_the_counted_matrix_products(throughput):
     assert macs == 32 * vit_macs("Ti/16", 224, 1000)
 
 
+@pytest.mark.bfloat16
 def test_tiny_run_writes_json_with_expected_keys(throughput, tmp_path, capsys):
     out = tmp_path / "bench.json"
     # timm is asked for but never imported here: importing torch after
@@ -141,6 +142,7 @@ def test_script_runs_from_the_command_line():
     assert "--precision" in result.stdout and "--json" in result.stdout
 
 
+@pytest.mark.bfloat16
 def test_auto_check_reports_the_choice_against_every_fixed_setting(
     throughput, tmp_path, capsys
 ):

@@ -69,6 +69,7 @@ def test_peers_refuses_an_unknown_peer(capsys):
     assert "--peers ['flax']: valid values are" in proc.stderr
 
 
+@pytest.mark.bfloat16
 @pytest.mark.slow
 def test_gpu_check_runs_on_two_logical_cpus(tmp_path):
     report_path = tmp_path / "gpu_check.json"

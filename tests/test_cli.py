@@ -10,7 +10,7 @@ import subprocess
 import keras
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import FLOAT32_PARITY, REPO, assert_close, near_ties, parity_bound
 from PIL import Image
 
 import keras_vit
@@ -157,9 +157,9 @@ def test_visualize_writes_attention_and_rollout_pngs_for_a_digit(
     rollout = np.load(out / "digit_rollout.npy")
     assert rollout.shape == (4, 4)  # the 16x16 digit in 4x4-pixel patches
     assert rollout.sum() == pytest.approx(1.0, abs=1e-9)
-    np.testing.assert_allclose(
-        rollout, visualize.attention_rollout(model, image.astype("float32")), atol=1e-6
-    )
+    # The command's model is its own reload of the file: reassociation.
+    expected = visualize.attention_rollout(model, image.astype("float32"))
+    assert_close(rollout, expected, FLOAT32_PARITY)
     assert np.load(out / "digit_attention_distance.npy").shape == (2, 4)
 
     code, _, err = run(
@@ -208,9 +208,13 @@ def test_evaluate_on_the_held_out_digits(capsys, digits_model, tmp_path):
     assert code == 0, err
     report = json.loads((out / "evaluation.json").read_text())
     # data.py's digits held-out split is the fixture's x_test, in order.
-    expected = np.mean(model.predict(x_test, verbose=0).argmax(1) == y_test)
+    logits = model.predict(x_test, verbose=0)
+    expected = np.mean(logits.argmax(1) == y_test)
     assert report["num_examples"] == len(y_test) == 360
-    assert report["accuracy"] == pytest.approx(expected)
+    # The command reloads the file and batches on its own: a near tie may
+    # rank either way (helpers.assert_same_top1).
+    ties = near_ties(logits, parity_bound(logits, FLOAT32_PARITY))
+    assert abs(report["accuracy"] - expected) <= ties / 360
     assert f"accuracy: {expected:.4f}" in stdout
     assert report["labels"] == labels
     assert np.asarray(report["confusion_matrix"]).sum() == 360
@@ -260,9 +264,8 @@ def test_convert_a_hugging_face_checkpoint(capsys, tmp_path):
     assert f"wrote {out}" in stdout
     parity = np.load(fixture / "parity.npz")
     model = keras.saving.load_model(out)
-    np.testing.assert_allclose(
-        model.predict(parity["images"], verbose=0), parity["logits"], atol=1e-4
-    )
+    # The source library's logits, made by torch on another CPU.
+    assert_close(model.predict(parity["images"], verbose=0), parity["logits"], 1e-4)
 
 
 @pytest.mark.parametrize(
@@ -310,6 +313,7 @@ def test_train_smoke_run(capsys, tmp_path):
     assert (tmp_path / "run" / "model.keras").is_file()
 
 
+@pytest.mark.bfloat16
 @pytest.mark.slow
 def test_bench_passes_its_options_through(capsys, tmp_path):
     report = tmp_path / "bench.json"

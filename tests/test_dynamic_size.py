@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import FLOAT32_PARITY, assert_parity, fit_one_step
+from helpers import FLOAT32_PARITY, assert_close, assert_parity, fit_one_step
 
 import keras_vit
 from keras_vit.deploy.export import export_model
@@ -76,18 +76,15 @@ def test_in_graph_resampling_is_tensorflows_resize():
     for method in position.INTERPOLATIONS:
         for size in [(14, 14), (3, 9), (7, 5), (1, 1)]:
             expected = tf.image.resize(grid, size, method=method, antialias=False)
-            # Float32 sums in another order on values of size ~1.
-            np.testing.assert_allclose(
-                position.resize_grid(grid, size, method), expected, atol=5e-6
-            )
+            # Float32 sums in another order: a few epsilons of the values.
+            assert_close(position.resize_grid(grid, size, method), expected, 5e-6)
 
 
 def test_sincos_table_in_the_graph_is_the_numpy_table():
     for grid in [(4, 4), (6, 3), (20, 12)]:
-        np.testing.assert_allclose(
-            position.sincos_table(grid, 32),
-            sincos_position_embedding(grid, 32),
-            atol=1e-6,  # both are float64 rounded to float32
+        # The graph's float32 sines against numpy's float64 ones, of scale 1.
+        assert_close(
+            position.sincos_table(grid, 32), sincos_position_embedding(grid, 32), 1e-6
         )
 
 

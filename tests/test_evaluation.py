@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import FLOAT32_PARITY, near_ties, parity_bound
 from PIL import Image
 from sklearn.metrics import confusion_matrix as sklearn_confusion_matrix
 
@@ -141,8 +142,11 @@ def test_digits_model_metrics(digits_model, tmp_path):
     result = evaluation.evaluate(
         model, (x_test, y_test), labels=labels, confusion_png=tmp_path / "cm.png"
     )
-    keras_accuracy = np.mean(model.predict(x_test, verbose=0).argmax(1) == y_test)
-    assert result.accuracy == pytest.approx(keras_accuracy)
+    logits = model.predict(x_test, verbose=0)
+    keras_accuracy = np.mean(logits.argmax(1) == y_test)
+    # Other batches than predict's: a near tie may rank either way.
+    ties = near_ties(logits, parity_bound(logits, FLOAT32_PARITY))
+    assert abs(result.accuracy - keras_accuracy) <= ties / len(y_test)
     assert result.accuracy > 0.9
     assert result.top5_accuracy >= result.accuracy
     assert 0.0 <= result.expected_calibration_error < 0.1

@@ -25,6 +25,8 @@ from helpers import (
     REPO,
     TFLITE_FLOAT32_PARITY,
     assert_parity,
+    assert_same_top1,
+    near_ties,
     parity_bound,
     read_json,
     run_python,
@@ -184,7 +186,8 @@ def test_bytes_signature_matches_tensor_path(exported, signatures):
     rounded = served["probabilities"].numpy()
     png = classify(images=tf.constant(encode(pixels, "PNG")))
     assert png["class_ids"].shape == (len(pixels), 5)
-    np.testing.assert_array_equal(png["class_ids"][:, 0], rounded.argmax(-1))
+    tolerance = parity_bound(served["logits"], FLOAT32_PARITY)
+    assert_same_top1(png["class_ids"][:, 0], rounded, tolerance, "PNG bytes")
     assert_parity(
         png["probabilities"][:, 0],
         rounded.max(-1),
@@ -205,8 +208,8 @@ def test_bytes_signature_matches_tensor_path(exported, signatures):
             for f in jpeg_files
         ]
     )
-    decoded_top1 = serve(pixels=decoded)["probabilities"].numpy().argmax(-1)
-    np.testing.assert_array_equal(jpeg["class_ids"][:, 0], decoded_top1)
+    decoded = serve(pixels=decoded)["probabilities"].numpy()
+    assert_same_top1(jpeg["class_ids"][:, 0], decoded, tolerance, "JPEG bytes")
     assert np.mean(jpeg["class_ids"][:, 0] == tensor_top1) >= 0.98
 
 
@@ -218,7 +221,8 @@ def test_bytes_signature_resizes_any_size(signatures, exported):
     resized = tf.image.resize(upscaled, (16, 16))  # bilinear, as exported
     served = serve(pixels=resized)
     expected = served["probabilities"].numpy()
-    np.testing.assert_array_equal(big["class_ids"][:, 0], expected.argmax(-1))
+    tolerance = parity_bound(served["logits"], FLOAT32_PARITY)
+    assert_same_top1(big["class_ids"][:, 0], expected, tolerance, "resized PNG")
     assert_parity(
         big["probabilities"][:, 0],
         expected.max(-1),
@@ -295,7 +299,9 @@ def test_metadata_and_assets(exported):
     logits = keras_outputs(model, x_test)["logits"]
     saved_model_diff = parity["saved_model"]["max_abs_diff_logits"]
     assert saved_model_diff <= parity_bound(logits, FLOAT32_PARITY)
-    assert parity["saved_model"]["top1_agreement"] == 1.0
+    # Every top-1 agrees but on a near tie (helpers.assert_same_top1).
+    ties = near_ties(logits, parity_bound(logits, FLOAT32_PARITY))
+    assert parity["saved_model"]["top1_agreement"] >= 1 - ties / 360
     # The SavedModel's size is everything but the metadata file itself.
     version = root / "digits" / "1"
     size = sum(p.stat().st_size for p in version.rglob("*") if p.is_file())
@@ -560,7 +566,9 @@ def test_keras_vit_export_in_a_run_folder_calibrates_on_the_runs_data(
     assert metadata["architecture"]["variant"] == "Ti/4"  # from config.json
     # Checked on the run's held-out split: the 360 held-out digits.
     assert metadata["parity"]["num_images"] == 360
-    assert metadata["parity"]["tflite_float32"]["top1_agreement"] == 1.0
+    logits = keras_outputs(model, exported[3])["logits"]
+    ties = near_ties(logits, parity_bound(logits, TFLITE_FLOAT32_PARITY))
+    assert metadata["parity"]["tflite_float32"]["top1_agreement"] >= 1 - ties / 360
     assert predict(root / "vit_digits.tflite", np.zeros((16, 16, 1)))[0][0][0] in labels
 
 

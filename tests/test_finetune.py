@@ -3,6 +3,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from helpers import FLOAT32_PARITY, assert_close
 from sklearn.datasets import load_digits
 
 from keras_vit import ViT
@@ -72,7 +73,8 @@ def test_without_multipliers_it_is_exactly_adamw():
             optimizer.apply(step, variables)
         results.append([v.numpy() for v in variables])
     for a, b in zip(*results, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-7)
+        # Two optimizers' element-wise updates: a few epsilons of the weights.
+        assert_close(a, b, 1e-6)
         assert not np.allclose(a, start[0].ravel()[0])
 
 
@@ -155,7 +157,8 @@ def test_hard_distillation_trains_the_student_not_the_teacher():
     for before, after in zip(teacher_weights, teacher.weights, strict=True):
         np.testing.assert_array_equal(before, after.numpy())
     # Inference is the student: the mean of both heads.
-    np.testing.assert_allclose(distiller(x[:4]), student(x[:4]), atol=1e-6)
+    # The same student in another graph: float32 reassociation.
+    assert_close(distiller(x[:4]), student(x[:4]), FLOAT32_PARITY)
     assert set(distiller.evaluate(x, y, verbose=0, return_dict=True)) >= {
         "loss",
         "accuracy",

@@ -68,9 +68,30 @@ def test_bad_values_name_what_is_valid():
 
 def test_describe_records_the_cpu_flags_that_decide():
     facts = hardware.describe()
-    assert set(facts) == {"cpu", "cpu_flags", "cpu_count", "gpus"}
+    assert set(facts) == {"cpu", "cpu_flags", "onednn_max_cpu_isa", "cpu_count", "gpus"}
     assert set(facts["cpu_flags"]) <= set(hardware.CPU_FEATURES)
     assert set(facts["cpu_flags"]) == hardware.cpu_flags() & set(hardware.CPU_FEATURES)
+
+
+@pytest.mark.parametrize(
+    "cap, flags, expected",
+    [
+        # The AVX2 stand-in on an AVX-512 bfloat16 CPU: the AVX2 rule.
+        ("AVX2", AVX512_BF16, ("float32", True)),
+        ("avx512_core", AMX, ("float32", False)),
+        ("AVX512_CORE_BF16", AMX | AVX512_BF16, ("mixed_bfloat16", False)),
+        ("DEFAULT", AMX, ("mixed_bfloat16", False)),
+        ("", AVX512_BF16, ("mixed_bfloat16", False)),
+    ],
+)
+def test_a_onednn_isa_cap_is_the_cpu_the_rule_sees(monkeypatch, cap, flags, expected):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    usable = hardware.usable_cpu_flags(flags)
+    choice = choose_settings(TI16, "auto", "auto", gpus=[], flags=usable)
+    assert (choice["precision"], choice["jit_compile"]) == expected
+    assert hardware.cpu_has_fast_bfloat16(usable) == (expected[0] != "float32")
+    named = cap.upper() not in ("", "DEFAULT")
+    assert hardware.onednn_isa_cap() == (cap.upper() if named else None)
 
 
 def test_config_takes_auto_from_the_command_line():

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, assert_close
 
 WORKERS = REPO / "tests" / "workers"
 sys.path.insert(0, str(WORKERS))
@@ -85,8 +85,13 @@ def test_two_workers_train_two_epochs_identically_with_xla(tmp_path):
     # weights: each worker trained on its half of every global batch.
     model = compile_tiny(tiny_vit())
     model.fit(stream(), steps_per_epoch=3, epochs=2, verbose=0)
-    for i, expected in enumerate(model.get_weights()):
-        np.testing.assert_allclose(weights[0][f"arr_{i}"], expected, atol=1e-5)
+    # Gradients summed over two halves instead of one batch: float32
+    # reassociation, which Adam's steps carry into every weight alike, so the
+    # bound is a fraction of the largest weight.
+    expected = model.get_weights()
+    scale = max(float(np.abs(w).max()) for w in expected)
+    for i, want in enumerate(expected):
+        assert_close(weights[0][f"arr_{i}"], want, 1e-5, scale=scale, what=str(i))
 
     # Only the chief's checkpoints; the other worker's scratch copies are gone.
     assert sorted(os.listdir(tmp_path / "run")) == [

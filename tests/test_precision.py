@@ -71,6 +71,7 @@ def test_the_twin_computes_in_float32_with_the_same_weights(kind, policy):
     assert np.abs(low - exact).max() <= 0.05 * np.abs(exact).max()
 
 
+@pytest.mark.bfloat16
 def test_the_twin_is_float32_under_a_mixed_global_policy():
     # A trainer exports while its mixed policy is still the global one.
     model = build("hybrid", "mixed_bfloat16")

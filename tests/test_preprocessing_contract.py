@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import FLOAT32_PARITY, TFLITE_FLOAT32_PARITY, assert_parity, parity_bound
+from helpers import (
+    FLOAT32_PARITY,
+    TFLITE_FLOAT32_PARITY,
+    assert_close,
+    assert_parity,
+    parity_bound,
+)
 from PIL import Image
 from sklearn.datasets import load_sample_image
 
@@ -225,10 +231,8 @@ def test_one_default_and_one_formula():
     # (pixels / pixel_scale - mean) / std, to float32 rounding of values of
     # order 1 (a few 1e-8; 51 / 255 - 0.2 is 0 up to that rounding).
     expected = (pixels / 255.0 - np.array([0.1, 0.2, 0.3])) / np.array([0.5, 0.25, 2])
-    np.testing.assert_allclose(normalize_pixels(pixels, pre), expected, atol=1e-6)
-    np.testing.assert_allclose(
-        denormalize_pixels(normalize_pixels(pixels, pre), pre), pixels, atol=1e-4
-    )
+    assert_close(normalize_pixels(pixels, pre), expected, 1e-6)
+    assert_close(denormalize_pixels(normalize_pixels(pixels, pre), pre), pixels, 1e-6)
     # Metadata written before the crop was recorded reads as no crop.
     old = {k: contract[k] for k in ("image_size", "num_channels", "mean", "std")}
     assert resolve_preprocessing(old, (4, 6), 3) == contract

@@ -1,13 +1,21 @@
 import keras
 import numpy as np
 import pytest
+from helpers import (
+    FLOAT32_PARITY,
+    TFLITE_FLOAT32_PARITY,
+    assert_close,
+    check_config_round_trip,
+    check_reloads_in_fresh_process,
+    near_ties,
+    parity_bound,
+)
 
 from keras_vit.analysis.flops import count_macs, vit_macs, vit_parameter_count
 from keras_vit.deploy.export import export_model
 from keras_vit.models.blocks import MultiHeadSelfAttention, TransformerBlock
 from keras_vit.models.vit import ViT
 from keras_vit.training import pruning
-from tests.helpers import check_config_round_trip, check_reloads_in_fresh_process
 
 TI = dict(variant="Ti/16", image_size=32, num_classes=10)
 D, HEAD_DIM, MLP_DIM, LAYERS, TOKENS = 192, 64, 768, 12, 5
@@ -89,14 +97,13 @@ def test_pruned_model_equals_the_masked_original(halved):
         block.mlp.fc2.kernel.assign(fc2)
     expected = np.asarray(masked(images))
     # Same products minus exact zeros; only the summation order differs.
-    scale = np.abs(expected).max()
-    np.testing.assert_allclose(pruned(images), expected, atol=1e-5 * scale)
+    assert_close(pruned(images), expected, FLOAT32_PARITY)
 
 
 @pytest.mark.slow
 def test_pruned_model_reloads_in_a_fresh_process_and_exports(halved, tmp_path):
     _, pruned, _, images = halved
-    check_reloads_in_fresh_process(pruned, images[:4], tmp_path, atol=1e-5)
+    check_reloads_in_fresh_process(pruned, images[:4], tmp_path)
     pixels = np.random.default_rng(2).uniform(0, 255, (8, 32, 32, 3))
     metadata = export_model(
         pruned,
@@ -106,11 +113,14 @@ def test_pruned_model_reloads_in_a_fresh_process_and_exports(halved, tmp_path):
         tflite=("float32",),
         verify_images=pixels.astype("float32"),
     )
+    logits = np.asarray(pruned((pixels / 255.0 - 0.5) / 0.5, training=False))
+    tolerance = parity_bound(logits, TFLITE_FLOAT32_PARITY)
+    ties = near_ties(logits, tolerance)
     for artifact in ("saved_model", "tflite_float32"):
         parity = metadata["parity"][artifact]
-        assert parity["top1_agreement"] == 1.0, (artifact, parity)
-        # Logits of order 1: float32 reorderings stay far below 1e-3.
-        assert parity["max_abs_diff_logits"] < 1e-3, (artifact, parity)
+        assert parity["top1_agreement"] >= 1 - ties / len(pixels), (artifact, parity)
+        # float32 reorderings, TFLite's fusions included (helpers).
+        assert parity["max_abs_diff_logits"] <= tolerance, (artifact, parity)
 
 
 def test_block_with_head_dim_round_trips_its_config():

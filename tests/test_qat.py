@@ -132,6 +132,7 @@ def test_config_checks_the_qat_switch():
     validate(dataclasses.replace(config, precision="auto"))
 
 
+@pytest.mark.bfloat16
 def test_a_low_precision_qat_model_is_refused_by_its_policy():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     qat_model = qat.quantize_aware(tiny_vit())

