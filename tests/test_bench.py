@@ -217,6 +217,7 @@ def test_jpeg_tfrecords_round_trip_through_the_tfrecord_source(tmp_path):
         sources.write_tfrecords(images, [0, 1, 0, 1], tmp_path, image_format="gif")
 
 
+@pytest.mark.bfloat16
 def test_fused_kernels_bench_runs_tiny_with_its_profile(tmp_path, capsys):
     bench = _load("fused_kernels")
     out = tmp_path / "fused.json"
