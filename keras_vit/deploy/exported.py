@@ -32,6 +32,19 @@ def read_metadata(path: Path, metadata, find_metadata):
             " list/dict as keras_vit.export_model writes it; export the model "
             "again or pass metadata= with 'labels' and 'preprocessing'."
         )
+    files = metadata.get("files")
+    if path.suffix == ".tflite" and isinstance(files, dict) and files:
+        # The metadata found beside a .tflite file must be its own export's:
+        # a file of another export (or renamed) would be read with another
+        # model's labels and preprocessing.
+        if path.name not in files:
+            ours = sorted(f for f in files if f.endswith(".tflite"))
+            raise ValueError(
+                f"{str(path)!r} is not one of the files {where!r} describes "
+                f"(its .tflite files: {ours}): it belongs to another export or "
+                "was renamed; pass metadata= with its own labels and "
+                "preprocessing."
+            )
     return metadata, labels, pre
 
 
