@@ -1,7 +1,6 @@
 """Every recipe's smoke mode, the command line, and the default recipe's
 acceptance run (held-out accuracy, time, export)."""
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -121,64 +120,53 @@ NEEDS_PACKAGE = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", recipe_names())
-def test_recipe_smoke_mode_runs_two_steps(name, tmp_path):
-    overrides = {"smoke": "true", "run_dir": str(tmp_path / "run"), "verbose": "0"}
-    if name in NEEDS:
-        overrides.update(NEEDS[name](tmp_path))
-    config = load_recipe(name, overrides)
-    package = NEEDS_PACKAGE.get(name)
-    if package and importlib.util.find_spec(package) is None:
-        with pytest.raises(ValueError, match=f"pip install --no-deps {package}"):
-            training.train(config)
-        return
-    metadata = training.train(config)
-    assert metadata["steps"] == 2
-    assert np.isfinite(metadata["eval_loss"])
-    assert (tmp_path / "run" / "metadata.json").is_file()
-    if config.model.resize_at:
-        assert metadata["model"].input_shape[1] == config.model.resize_at[-1][1]
-
-
 class _Stopped(Exception):
     """Stands in for a kill just before a checkpoint is written."""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", recipe_names())
-def test_every_recipe_resumes_to_the_uninterrupted_weights(name, tmp_path, monkeypatch):
-    """Each recipe kind (ViT, hybrid, CNN, distillation, fine-tuning, LoRA,
-    pruning, QAT, progressive resizing), stopped after its second checkpoint
-    and run again, ends with the weights of a run that was never stopped."""
-    if (
-        NEEDS_PACKAGE.get(name)
-        and importlib.util.find_spec(NEEDS_PACKAGE[name]) is None
-    ):
-        pytest.skip(f"{name} needs {NEEDS_PACKAGE[name]}")
+def test_recipe_smoke_mode_runs_two_steps_and_resumes_exactly(
+    name, tmp_path, monkeypatch
+):
+    """Every recipe kind (ViT, hybrid, CNN, distillation, fine-tuning, LoRA,
+    pruning, QAT, progressive resizing) trains its two smoke steps; stopped
+    after its first checkpoint and run again, it ends with the weights of
+    the run that was never stopped."""
     needs = NEEDS[name](tmp_path) if name in NEEDS else {}
 
     def config(folder):
         overrides = {"smoke": "true", "run_dir": str(tmp_path / folder), "verbose": "0"}
-        smoke = load_recipe(name, {**overrides, **needs})
-        return dataclasses.replace(smoke, total_steps=3)
+        return load_recipe(name, {**overrides, **needs})
 
-    reference = training.train(config("reference"))["model"].get_weights()
+    package = NEEDS_PACKAGE.get(name)
+    if package and importlib.util.find_spec(package) is None:
+        with pytest.raises(ValueError, match=f"pip install --no-deps {package}"):
+            training.train(config("run"))
+        return
+    metadata = training.train(config("run"))
+    assert metadata["steps"] == 2
+    assert np.isfinite(metadata["eval_loss"])
+    assert (tmp_path / "run" / "metadata.json").is_file()
+    if config("run").model.resize_at:
+        assert metadata["model"].input_shape[1] == config("run").model.resize_at[-1][1]
+
     save = checkpoint_lib.save_checkpoint
 
     def stopping_save(run_dir, model, step, **kwargs):
-        if step == 3:
+        if step == 2:
             raise _Stopped
         return save(run_dir, model, step, **kwargs)
 
     monkeypatch.setattr(checkpoint_lib, "save_checkpoint", stopping_save)
     with pytest.raises(_Stopped):
-        training.train(config("run"))
+        training.train(config("stopped"))
     monkeypatch.setattr(checkpoint_lib, "save_checkpoint", save)
-    resumed = training.train(config("run"))
-    assert resumed["steps"] == 3
+    resumed = training.train(config("stopped"))
+    assert resumed["steps"] == 2
     # The same kernels on the same inputs from the same state (the seed
-    # generators are checkpointed too): identical weights.
+    # generators, LoRA adapters and optimizer are checkpointed): identical.
+    reference = metadata["model"].get_weights()
     got = resumed["model"].get_weights()
     assert len(got) == len(reference)
     for a, b in zip(got, reference, strict=True):
