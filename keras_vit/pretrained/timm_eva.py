@@ -10,6 +10,14 @@ import numpy as np
 
 from keras_vit.errors import CheckpointError
 from keras_vit.models.vit import ViT
+from keras_vit.pretrained.config_values import (
+    ROPE_THETA_RANGE,
+    agree_flag,
+    agree_width,
+    config_epsilon,
+    config_float,
+    config_image_size,
+)
 from keras_vit.pretrained.layouts import (
     Plan,
     add_torch_linear,
@@ -20,7 +28,12 @@ from keras_vit.pretrained.layouts import (
     packed,
     patch_kernel,
 )
-from keras_vit.pretrained.timm_options import NORMS, refuse_token_head
+from keras_vit.pretrained.timm_options import (
+    NORMS,
+    check_timm_config,
+    mlp_ratio_width,
+    refuse_token_head,
+)
 
 # Eva arguments that do not change the inference forward pass, or that the
 # tensors tell (shapes, tokens, biases).
@@ -119,7 +132,7 @@ def _norm(args: dict) -> tuple[str, float]:
     if layer not in NORMS or (isinstance(spec, dict) and set(spec) - {"layer", "eps"}):
         raise CheckpointError(f"timm Eva norm_layer={spec!r} is not supported.")
     eps = spec.get("eps", 1e-6) if isinstance(spec, dict) else 1e-6
-    return NORMS[layer], float(eps)
+    return NORMS[layer], config_epsilon(eps, "norm_layer.eps", "timm Eva")
 
 
 def _rope(args: dict, head_dim: int) -> tuple[dict | None, bool]:
@@ -127,23 +140,28 @@ def _rope(args: dict, head_dim: int) -> tuple[dict | None, bool]:
     if not args.get("use_rot_pos_emb", False):
         return None, False
     kind = args.get("rope_type", "cat")
-    offset = float(args.get("rope_grid_offset", 0.0))
+    # Grid coordinates are patch indices (at most 1024 per side): an offset
+    # beyond that is no offset a model was trained with.
+    offset = config_float(
+        args.get("rope_grid_offset", 0.0), "rope_grid_offset", "timm Eva", -1024, 1024
+    )
     order = args.get("rope_grid_indexing", "ij")
     if kind == "dinov3":
         options = dict(
             coordinates="centered",
-            temperature=float(args.get("rope_temperature", 100.0)),
+            temperature=_temperature(args, 100.0),
             frequency_scale=2 * math.pi,
         )
         interleaved = not args.get("rope_rotate_half", True)
     elif kind == "cat":
         ref = args.get("ref_feat_shape")
-        ref = [ref, ref] if isinstance(ref, int) else ref
+        if ref is not None:
+            ref = list(config_image_size(ref, "ref_feat_shape", "timm Eva"))
         options = dict(
             coordinates="index",
-            temperature=float(args.get("rope_temperature", 10000.0)),
+            temperature=_temperature(args, 10000.0),
             frequency_scale=1.0,
-            reference_grid=None if ref is None else [int(r) for r in ref],
+            reference_grid=ref,
         )
         interleaved = not args.get("rope_rotate_half", False)
     else:
@@ -155,6 +173,37 @@ def _rope(args: dict, head_dim: int) -> tuple[dict | None, bool]:
     if head_dim % 4:
         raise CheckpointError(f"RoPE over heads {head_dim} wide (not a multiple of 4).")
     return dict(options, grid_offset=offset, axis_order=order), interleaved
+
+
+def _temperature(args: dict, default: float) -> float:
+    value = args.get("rope_temperature", default)
+    return config_float(value, "rope_temperature", "timm Eva", *ROPE_THETA_RANGE)
+
+
+def _check_config(tensors, config, args, kwargs) -> None:
+    """What the config says against what the tensors hold."""
+    num_classes = kwargs["num_classes"] if kwargs["include_top"] else 0
+    if "head.weight" in tensors:
+        num_classes = int(tensors["head.weight"].shape[0])
+    found = {
+        "depth": (kwargs["num_layers"], "{} block(s)"),
+        "embed_dim": (kwargs["hidden_dim"], "a hidden width of {}"),
+        "in_chans": (kwargs["num_channels"], "{} input channel(s)"),
+        "patch_size": (kwargs["patch_size"], "{}-pixel patches"),
+        "num_classes": (num_classes, "{} head class(es)"),
+        "num_reg_tokens": (kwargs["num_register_tokens"], "{} register token(s)"),
+    }
+    check_timm_config(config, args, found)
+    agree_flag("timm Eva", "class_token", args.get("class_token"),
+               kwargs["class_token"], "a class token (cls_token)")  # fmt: skip
+    width = mlp_ratio_width(args, kwargs["hidden_dim"], "timm Eva")
+    # SwiGLU widths are aligned and rescaled (swiglu_align_to, scale_mlp):
+    # only the plain MLP's width follows from mlp_ratio alone.
+    if width is not None and not kwargs["gated_mlp"]:
+        agree_width(
+            "timm Eva", args["mlp_ratio"], kwargs["hidden_dim"], width,
+            "blocks.0.mlp.fc1.weight", tensors,
+        )  # fmt: skip
 
 
 def _final_norms(args: dict) -> dict:
@@ -187,8 +236,7 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
         int(tensors["head.weight"].shape[0]) if "head.weight" in tensors else 0
     )
     refuse_token_head(pool, num_classes)
-    size = args.get("img_size", 224)
-    size = (size, size) if isinstance(size, int) else tuple(size)
+    size = config_image_size(args.get("img_size", 224), "img_size", "timm Eva")
     grid = (size[0] // p, size[1] // p)
     gated = bool(args.get("swiglu_mlp", False))
     split = "blocks.0.mlp.fc1_g.weight" in tensors
@@ -226,6 +274,7 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
     )
     if pool == "":
         kwargs.update(pooling=None, include_top=False, pool_norm=False)
+    _check_config(tensors, config, args, kwargs)
     plan = Plan(ViT, kwargs, grid, p, num_classes)
     _add_embedding(plan, tensors, kwargs, registers, grid)
     order = _interleaved_to_half(hidden // heads, heads) if interleaved else None

@@ -17,6 +17,14 @@ import json
 from pathlib import Path
 
 from keras_vit.errors import CheckpointError
+from keras_vit.pretrained.config_values import (
+    MLP_RATIO_RANGE,
+    agree,
+    config_epsilon,
+    config_float,
+    config_image_size,
+    config_int,
+)
 
 TABLE = Path(__file__).with_name("timm_architectures.json")
 
@@ -104,13 +112,63 @@ def _norm(spec, default_eps: float, what: str) -> tuple[str, float]:
                 f"timm {what}={spec!r} has arguments keras_vit does not read: "
                 f"{sorted(extra)}."
             )
-        layer, eps = spec.get("layer"), float(spec.get("eps", 1e-6))
+        layer = spec.get("layer")
+        eps = config_epsilon(spec.get("eps", 1e-6), f"{what}.eps", "timm")
     if layer not in NORMS:
         raise CheckpointError(
             f"timm {what}={spec!r} is not supported; keras_vit has LayerNorm and "
             "RmsNorm."
         )
     return NORMS[layer], eps
+
+
+# Arguments that count something of which a checkpoint may have none.
+MAY_BE_ZERO = ("num_classes", "reg_tokens", "num_reg_tokens")
+
+
+def check_timm_config(config: dict, args: dict, found: dict) -> None:
+    """The numbers of a timm config (`model_args` over the registered
+    architecture's, the top-level `num_classes` / `num_features` and
+    `pretrained_cfg.input_size`) against the tensors: `found` maps an
+    argument to `(what the tensors hold, what that counts)`. A contradiction
+    is refused rather than the tensors trusted: timm itself builds the
+    config's model, and these weights do not load into it."""
+    given = config.get("model_args") or {}
+    name = config.get("architecture")
+    top = {"num_features": "embed_dim", "num_classes": "num_classes"}
+    for key, (value, what) in found.items():
+        note = "" if key in given else f" (registered for {name!r})"
+        if args.get(key) is not None:
+            low = 0 if key in MAY_BE_ZERO else 1
+            checked = config_int(args[key], key, "timm", low)
+            agree("timm", key, checked, value, what, note)
+    for key, argument in top.items():
+        if config.get(key) is not None and argument in found:
+            value, what = found[argument]
+            low = 0 if key in MAY_BE_ZERO else 1
+            agree("timm", key, config_int(config[key], key, "timm", low), value, what)
+    size = (config.get("pretrained_cfg") or {}).get("input_size")
+    if size is None:
+        return
+    if not (isinstance(size, list) and len(size) == 3):
+        raise CheckpointError(
+            f"timm config pretrained_cfg.input_size={size!r:.80} is not valid; "
+            "expected [channels, height, width]."
+        )
+    config_image_size(size[1:], "pretrained_cfg.input_size", "timm")
+    channels = config_int(size[0], "pretrained_cfg.input_size[0]", "timm")
+    if "in_chans" in found:
+        agree("timm", "pretrained_cfg.input_size[0]", channels, *found["in_chans"])
+
+
+def mlp_ratio_width(args: dict, hidden: int, what: str) -> int | None:
+    """timm's MLP width, `int(embed_dim * mlp_ratio)`, when the config
+    gives `mlp_ratio`."""
+    ratio = args.get("mlp_ratio")
+    if ratio is None:
+        return None
+    ratio = config_float(ratio, "mlp_ratio", what, *MLP_RATIO_RANGE)
+    return int(hidden * ratio)
 
 
 def refuse_token_head(pool: str, num_classes: int) -> None:
