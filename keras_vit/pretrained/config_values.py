@@ -140,6 +140,48 @@ def config_heads(value, key: str, family: str, hidden: int) -> int:
     return heads
 
 
+def config_flag(args: dict, key: str, default: bool, family: str) -> bool:
+    """A switch: true or false (absent or null: `default`). `bool()` of
+    anything else would read "false" or 0.5 as a choice."""
+    value = args.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(
+            f"{family} {key}={shown(value)} is not valid; expected true or false."
+        )
+    return value
+
+
+# Top-level config keys and the JSON type each must have, where present.
+CONFIG_TYPES = {
+    "model_type": str,
+    "architecture": str,
+    "model_args": dict,
+    "pretrained_cfg": dict,
+    "vision_config": dict,
+    "hidden_act": str,
+    "pooler_act": str,
+    "global_pool": str,
+}
+
+
+def check_config_types(config: dict) -> None:
+    """The keys that choose a layout and its options hold what they must
+    (a string, an object), in the config and in its `vision_config`."""
+    for scope, where in ((config, ""), (config.get("vision_config"), "vision_config.")):
+        if not isinstance(scope, dict):
+            continue
+        for key, kind in CONFIG_TYPES.items():
+            value = scope.get(key)
+            if value is not None and not isinstance(value, kind):
+                expected = "a string" if kind is str else "an object"
+                raise CheckpointError(
+                    f"config {where}{key}={shown(value)} is not valid; expected "
+                    f"{expected}."
+                )
+
+
 def check_overrides(overrides: dict) -> None:
     """`convert_checkpoint`'s architecture overrides, which stand in for
     config values: the same checks."""

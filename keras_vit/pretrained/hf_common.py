@@ -39,7 +39,7 @@ def vision_config(config: dict) -> dict:
 
 def activation(config: dict, family: str, default: str) -> str:
     act = config.get("hidden_act", default)
-    if act not in ACTIVATIONS:
+    if not isinstance(act, str) or act not in ACTIVATIONS:
         raise CheckpointError(
             f"{family} hidden_act={act!r} is not supported; valid: "
             f"{sorted(ACTIVATIONS)}."

@@ -77,7 +77,9 @@ def require_regular_file(path: Path, role: str) -> None:
 def json_depth(raw: bytes) -> int:
     """The deepest nesting of `[` and `{` in JSON text, strings left out,
     without parsing it (linear time, no recursion)."""
-    text = re.sub(rb'"(?:[^"\\]|\\.)*"', b'""', raw, flags=re.DOTALL)
+    # The unrolled form of a string literal: linear, where an alternation
+    # per character took 25 s on a 50 MB string.
+    text = re.sub(rb'"[^"\\]*(?:\\.[^"\\]*)*"', b'""', raw, flags=re.DOTALL)
     codes = np.frombuffer(text, np.uint8)
     depth = deepest = 0
     for start in range(0, len(codes), 1 << 20):

@@ -15,6 +15,7 @@ from keras_vit.pretrained.config_values import (
     agree_flag,
     agree_width,
     config_epsilon,
+    config_flag,
     config_float,
     config_image_size,
 )
@@ -129,7 +130,11 @@ def _norm(args: dict) -> tuple[str, float]:
     if spec is None:
         return "layernorm", 1e-6  # timm's LayerNorm
     layer = spec.get("layer") if isinstance(spec, dict) else spec
-    if layer not in NORMS or (isinstance(spec, dict) and set(spec) - {"layer", "eps"}):
+    if (
+        not isinstance(layer, str)
+        or layer not in NORMS
+        or (isinstance(spec, dict) and set(spec) - {"layer", "eps"})
+    ):
         raise CheckpointError(f"timm Eva norm_layer={spec!r} is not supported.")
     eps = spec.get("eps", 1e-6) if isinstance(spec, dict) else 1e-6
     return NORMS[layer], config_epsilon(eps, "norm_layer.eps", "timm Eva")
@@ -137,7 +142,7 @@ def _norm(args: dict) -> tuple[str, float]:
 
 def _rope(args: dict, head_dim: int) -> tuple[dict | None, bool]:
     """keras_vit's `rope=` options and whether the source is interleaved."""
-    if not args.get("use_rot_pos_emb", False):
+    if not config_flag(args, "use_rot_pos_emb", False, "timm Eva"):
         return None, False
     kind = args.get("rope_type", "cat")
     # Grid coordinates are patch indices (at most 1024 per side): an offset
@@ -146,13 +151,18 @@ def _rope(args: dict, head_dim: int) -> tuple[dict | None, bool]:
         args.get("rope_grid_offset", 0.0), "rope_grid_offset", "timm Eva", -1024, 1024
     )
     order = args.get("rope_grid_indexing", "ij")
+    if order not in ("ij", "xy"):
+        raise CheckpointError(
+            f"timm Eva rope_grid_indexing={order!r:.80} is not valid; expected "
+            "'ij' or 'xy'."
+        )
     if kind == "dinov3":
         options = dict(
             coordinates="centered",
             temperature=_temperature(args, 100.0),
             frequency_scale=2 * math.pi,
         )
-        interleaved = not args.get("rope_rotate_half", True)
+        interleaved = not config_flag(args, "rope_rotate_half", True, "timm Eva")
     elif kind == "cat":
         ref = args.get("ref_feat_shape")
         if ref is not None:
@@ -163,7 +173,7 @@ def _rope(args: dict, head_dim: int) -> tuple[dict | None, bool]:
             frequency_scale=1.0,
             reference_grid=ref,
         )
-        interleaved = not args.get("rope_rotate_half", False)
+        interleaved = not config_flag(args, "rope_rotate_half", False, "timm Eva")
     else:
         raise CheckpointError(
             f"timm rope_type={kind!r} is not supported; keras_vit reads 'cat' "
@@ -208,10 +218,8 @@ def _check_config(tensors, config, args, kwargs) -> None:
 
 def _final_norms(args: dict) -> dict:
     pool = args.get("global_pool", "avg")
-    fc_norm = args.get("use_fc_norm")
-    fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
-    post = args.get("use_post_transformer_norm")
-    post = (not fc_norm) if post is None else bool(post)
+    fc_norm = config_flag(args, "use_fc_norm", pool == "avg", "timm Eva")
+    post = config_flag(args, "use_post_transformer_norm", not fc_norm, "timm Eva")
     if fc_norm and post:
         raise CheckpointError(
             "timm Eva with both a final norm and fc_norm is not supported."
@@ -238,7 +246,7 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
     refuse_token_head(pool, num_classes)
     size = config_image_size(args.get("img_size", 224), "img_size", "timm Eva")
     grid = (size[0] // p, size[1] // p)
-    gated = bool(args.get("swiglu_mlp", False))
+    gated = config_flag(args, "swiglu_mlp", False, "timm Eva")
     split = "blocks.0.mlp.fc1_g.weight" in tensors
     kwargs = dict(
         variant="Ti",
@@ -260,11 +268,11 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
         layer_scale_init=1e-5 if "blocks.0.gamma_1" in tensors else None,
         layer_norm_epsilon=eps,
         norm_type=norm_type,
-        norm_pre=bool(args.get("use_pre_transformer_norm", False)),
-        qk_norm=bool(args.get("qk_norm", False)),
+        norm_pre=config_flag(args, "use_pre_transformer_norm", False, "timm Eva"),
+        qk_norm=config_flag(args, "qk_norm", False, "timm Eva"),
         mlp_activation="silu" if gated else "gelu",
         gated_mlp=gated,
-        mlp_norm=bool(args.get("scale_mlp", False)),
+        mlp_norm=config_flag(args, "scale_mlp", False, "timm Eva"),
         rope=rope,
         qkv_bias=any(
             f"blocks.0.attn.{n}" in tensors
@@ -320,7 +328,8 @@ def _add_embedding(plan, tensors, kwargs, registers, grid) -> None:
     covered = tokens == grid[0] * grid[1] + embedded + registers
     if not covered and tokens != grid[0] * grid[1]:
         raise CheckpointError(
-            f"pos_embed of {tokens} tokens does not fit the {grid[0]}x{grid[1]} grid."
+            f"pos_embed of {tokens} tokens does not fit the {grid[0]}x{grid[1]} "
+            "patch grid of the config's img_size."
         )
     stop = embedded + registers
 

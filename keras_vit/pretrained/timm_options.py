@@ -21,6 +21,7 @@ from keras_vit.pretrained.config_values import (
     MLP_RATIO_RANGE,
     agree,
     config_epsilon,
+    config_flag,
     config_float,
     config_image_size,
     config_int,
@@ -114,7 +115,7 @@ def _norm(spec, default_eps: float, what: str) -> tuple[str, float]:
             )
         layer = spec.get("layer")
         eps = config_epsilon(spec.get("eps", 1e-6), f"{what}.eps", "timm")
-    if layer not in NORMS:
+    if not isinstance(layer, str) or layer not in NORMS:
         raise CheckpointError(
             f"timm {what}={spec!r} is not supported; keras_vit has LayerNorm and "
             "RmsNorm."
@@ -184,7 +185,7 @@ def refuse_token_head(pool: str, num_classes: int) -> None:
 
 def activation(args: dict) -> str:
     act = args.get("act_layer")
-    if act not in ACTIVATIONS:
+    if not isinstance(act, (str, type(None))) or act not in ACTIVATIONS:
         raise CheckpointError(
             f"timm act_layer={act!r} is not supported; valid: "
             f"{sorted(k for k in ACTIVATIONS if k)}."
@@ -206,7 +207,9 @@ def _mlp(args: dict) -> dict:
                 f"timm mlp_layer={layer!r} has arguments keras_vit does not read: "
                 f"{sorted(extra)}."
             )
-        gate_last = bool(layer.get("gate_last", layer["layer"] == "GluMlp"))
+        gate_last = config_flag(
+            layer, "gate_last", layer["layer"] == "GluMlp", "timm mlp_layer"
+        )
         return {"gated_mlp": True, "gate_last": gate_last}
     raise CheckpointError(
         f"timm mlp_layer={layer!r} is not supported; valid: Mlp, SwiGLU, "
@@ -243,7 +246,7 @@ def vision_transformer_options(args: dict) -> dict:
                 f"timm {key}={args[key]!r} is not supported; keras_vit has "
                 f"timm's {default} only."
             )
-    if args.get("scale_attn_norm"):
+    if config_flag(args, "scale_attn_norm", False, "timm"):
         raise CheckpointError("timm scale_attn_norm=True is not supported.")
     pos = args.get("pos_embed", "learn")
     if pos not in ("learn", "none"):
@@ -255,11 +258,11 @@ def vision_transformer_options(args: dict) -> dict:
         norm_type=norm_type,
         layer_norm_epsilon=eps,
         mlp_activation=activation(args),
-        norm_pre=bool(args.get("pre_norm", False)),
-        final_norm=bool(args.get("final_norm", True)),
-        qk_norm=bool(args.get("qk_norm", False)),
-        mlp_norm=bool(args.get("scale_mlp_norm", False)),
-        proj_bias=bool(args.get("proj_bias", True)),
+        norm_pre=config_flag(args, "pre_norm", False, "timm"),
+        final_norm=config_flag(args, "final_norm", True, "timm"),
+        qk_norm=config_flag(args, "qk_norm", False, "timm"),
+        mlp_norm=config_flag(args, "scale_mlp_norm", False, "timm"),
+        proj_bias=config_flag(args, "proj_bias", True, "timm"),
         position_embedding="learned" if pos == "learn" else "none",
         **_mlp(args),
     )
