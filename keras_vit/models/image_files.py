@@ -8,8 +8,9 @@ header bytes first.
 - The file may be at most `encoded_bound` bytes: a generous multiple of the
   raw pixels its header declares plus a fixed allowance for metadata. A
   3 GiB file that starts with a 16 x 16 PNG is refused from its size alone.
-- What is read is what the decoder needs: a PNG up to its IEND chunk, a GIF
-  up to the end of its first image (later frames are never read).
+- What the decoder gets is what it needs: a PNG up to its IEND chunk, a GIF
+  up to the end of its first image (an animation longer than the bound is
+  refused like any other file: only its first frame would be used).
 - A PNG's compressed stream is inflated here with a bounded output
   (`zlib.decompressobj(...).decompress(data, max_length)`): one that
   inflates past its declared size is refused after at most that many bytes
@@ -53,6 +54,13 @@ _SOF |= {0xCF}
 # A real JPEG has a few dozen segments before its first scan; a file of
 # thousands of tiny ones is made to make this walk slow.
 _MAX_JPEG_SEGMENTS = 4096
+_TOO_MANY_SEGMENTS = (
+    f" holds more than {_MAX_JPEG_SEGMENTS} marker segments before its first "
+    "scan (a damaged or hostile file)"
+)
+_TWO_FRAMES = (
+    " holds two SOF (frame header) markers, which JPEG does not allow (a damaged file)"
+)
 
 
 def image_format(head: bytes) -> int:
@@ -111,10 +119,6 @@ def png_stream_size(width: int, height: int, depth: int, color: int, interlace: 
         if cols > 0 and rows > 0:
             total += rows * (1 + (cols * bits + 7) // 8)
     return total
-
-
-class _Refused(ValueError):
-    pass
 
 
 def _header(fmt: int, data: bytes, read_at) -> tuple[int, int, int, str]:
@@ -178,15 +182,7 @@ def _jpeg_header(read_at) -> tuple[int, int, int, str]:
         length = struct.unpack(">H", marker[2:4])[0]
         if code in _SOF:
             if frame is not None:
-                return (
-                    0,
-                    0,
-                    1,
-                    (
-                        " holds two SOF (frame header) markers, which JPEG does not "
-                        "allow (a damaged file)"
-                    ),
-                )
+                return 0, 0, 1, _TWO_FRAMES
             body = read_at(pos + 4, 6)
             if len(body) < 6:
                 break
@@ -198,15 +194,7 @@ def _jpeg_header(read_at) -> tuple[int, int, int, str]:
             return (*frame, "")
         pos += 2 + length
     else:
-        return (
-            0,
-            0,
-            1,
-            (
-                f" holds more than {_MAX_JPEG_SEGMENTS} marker segments before its "
-                "first scan (a damaged or hostile file)"
-            ),
-        )
+        return 0, 0, 1, _TOO_MANY_SEGMENTS
     if frame is not None:
         return (*frame, " is a JPEG without image data (truncated or damaged)")
     return 0, 0, 1, " is a JPEG without a frame (SOF) header (truncated or damaged)"
@@ -233,7 +221,7 @@ def _png_up_to_iend(data: bytes, width, height, what: str) -> bytes:
                 break  # damaged data: the decoder refuses it by name
             inflated += len(out)
             if inflated > expected:
-                raise _Refused(
+                raise ValueError(
                     f"{what}: its image data inflates past the {expected:,} bytes "
                     f"its {width} x {height} header declares (a decompression "
                     "bomb or a damaged file); refused before decoding"
@@ -283,7 +271,7 @@ def check_encoded(
             f"than the limit of {max_pixels}; refused before decoding"
         )
     bound = encoded_bound(height, width, per_pixel, allowance)
-    if size > bound and fmt != GIF:
+    if size > bound:
         raise ValueError(
             f"{what} is {size:,} bytes, more than the {bound:,} bytes an image "
             f"that declares {width} x {height} pixels may take; refused before "
@@ -292,19 +280,10 @@ def check_encoded(
     if len(data) < min(size, bound):
         data = data + read_at(len(data), min(size, bound) - len(data))
     if fmt == PNG:
-        try:
-            return _png_up_to_iend(data, width, height, what)
-        except _Refused as refused:
-            raise ValueError(str(refused)) from None
+        return _png_up_to_iend(data, width, height, what)
     if fmt == GIF:
-        end = gif_first_frame(data)[0]
-        if end < 0 and size > len(data):
-            raise ValueError(
-                f"{what} is {size:,} bytes and its first image does not end "
-                f"within the {bound:,} bytes an image that declares {width} x "
-                f"{height} pixels may take; refused before reading further"
-            )
         # The first image and a trailer: later frames never reach the decoder.
+        end = gif_first_frame(data)[0]
         return data[:end] + b";" if end >= 0 else data
     return data
 

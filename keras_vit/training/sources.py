@@ -232,7 +232,9 @@ def checked_read(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     then empty). A `numpy_function`: folder pipelines are never saved."""
     read = tf.numpy_function(
         lambda p: _refusal(
-            lambda: read_image_file(_as_text(p), _as_text(p), with_kind=False)
+            lambda: read_image_file(
+                _as_text(p), f"image file {_as_text(p)}", with_kind=False
+            )
         ),
         [path],
         [tf.string, tf.string],
