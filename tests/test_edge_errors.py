@@ -67,6 +67,47 @@ def test_export_name_or_root_that_tf_cannot_write_is_refused_first(tmp_path, cha
     assert list(tmp_path.iterdir()) == []  # not even an empty folder
 
 
+@pytest.mark.parametrize("kind", ["float16", "dynamic_int8", "int8", "int16x8"])
+def test_export_names_cannot_be_another_exports_files(tmp_path, kind):
+    # `x_<kind>.tflite` is model x's file of that kind.
+    with pytest.raises(ValueError, match=f"ends with '_{kind}': x_{kind}.tflite is"):
+        export_model(tiny_model(), f"x_{kind}", tmp_path)
+    with pytest.raises(ValueError, match=f"export_name 'x_{kind}' ends with"):
+        validate(tiny(tmp_path, export_name=f"x_{kind}"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_names_the_file_system_cannot_take_are_refused_first(tmp_path):
+    with pytest.raises(ValueError, match="240 bytes long.*use at most 213 bytes"):
+        export_model(tiny_model(), "n" * 240, tmp_path)
+    export_model(tiny_model(), "n" * 213, tmp_path, tflite=("dynamic_int8",))
+    assert (tmp_path / ("n" * 213 + "_dynamic_int8.tflite")).is_file()
+
+
+def test_a_file_where_an_export_folder_goes_is_refused_first(tmp_path):
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(ValueError, match="'.*plain' is not a folder.*for its root"):
+        export_model(tiny_model(), "m", tmp_path / "plain" / "sub")
+    (tmp_path / "m").write_text("")
+    with pytest.raises(ValueError, match="'.*m' is not a folder.*model folder"):
+        export_model(tiny_model(), "m", tmp_path)
+    (tmp_path / "k.keras").mkdir()
+    with pytest.raises(ValueError, match="k.keras' is a folder"):
+        export_model(tiny_model(), "k", tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.keras", "m", "plain"]
+
+
+def test_predict_refuses_a_tflite_file_its_metadata_does_not_describe(tmp_path):
+    from keras_vit.deploy.serving import predict
+
+    export_model(tiny_model(), "x", tmp_path, tflite=("float32",))
+    renamed = tmp_path / "x_float16.tflite"  # not a file of export x
+    shutil.copy(tmp_path / "x.tflite", renamed)
+    with pytest.raises(ValueError, match="is not one of the files .* describes"):
+        predict(renamed, np.zeros((1, 8, 8, 1)))
+    assert predict(tmp_path / "x.tflite", np.zeros((1, 8, 8, 1)))
+
+
 def test_cli_export_to_a_bracketed_root_is_one_line(tmp_path, capsys):
     tiny_model().save(tmp_path / "tiny.keras")
     root = tmp_path / "out[1]"

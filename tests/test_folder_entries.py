@@ -127,3 +127,14 @@ def test_cli_train_names_the_bad_entry_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert len(err.splitlines()) == 1 and "x.png' is a folder" in err
+
+
+def test_a_fifo_named_like_an_image_is_named_and_never_opened(tmp_path):
+    config = folder(tmp_path, {"train": {"a": 2, "b": 2}, "val": {"a": 1, "b": 1}})
+    os.mkfifo(tmp_path / "val" / "b" / "pipe.png")
+    # Opening it for reading would block until a writer came.
+    with pytest.raises(ValueError, match=r"pipe.png' is a FIFO \(named pipe\), not"):
+        eval_count(config)
+    skipping = DataConfig(**{**vars(config), "on_error": "skip"})
+    with pytest.warns(UserWarning, match=r"left out 1 entry .*pipe.png' is a FIFO"):
+        assert eval_count(skipping) == 2

@@ -21,6 +21,7 @@ from helpers import (
 )
 from PIL import Image
 
+from keras_vit.training import checkpoints as checkpoint_lib
 from keras_vit.training import trainer as training
 from keras_vit.training.recipes import load_recipe, recipe_names
 
@@ -119,24 +120,57 @@ NEEDS_PACKAGE = {
 }
 
 
+class _Stopped(Exception):
+    """Stands in for a kill just before a checkpoint is written."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", recipe_names())
-def test_recipe_smoke_mode_runs_two_steps(name, tmp_path):
-    overrides = {"smoke": "true", "run_dir": str(tmp_path / "run"), "verbose": "0"}
-    if name in NEEDS:
-        overrides.update(NEEDS[name](tmp_path))
-    config = load_recipe(name, overrides)
+def test_recipe_smoke_mode_runs_two_steps_and_resumes_exactly(
+    name, tmp_path, monkeypatch
+):
+    """Every recipe kind (ViT, hybrid, CNN, distillation, fine-tuning, LoRA,
+    pruning, QAT, progressive resizing) trains its two smoke steps; stopped
+    after its first checkpoint and run again, it ends with the weights of
+    the run that was never stopped."""
+    needs = NEEDS[name](tmp_path) if name in NEEDS else {}
+
+    def config(folder):
+        overrides = {"smoke": "true", "run_dir": str(tmp_path / folder), "verbose": "0"}
+        return load_recipe(name, {**overrides, **needs})
+
     package = NEEDS_PACKAGE.get(name)
     if package and importlib.util.find_spec(package) is None:
         with pytest.raises(ValueError, match=f"pip install --no-deps {package}"):
-            training.train(config)
+            training.train(config("run"))
         return
-    metadata = training.train(config)
+    metadata = training.train(config("run"))
     assert metadata["steps"] == 2
     assert np.isfinite(metadata["eval_loss"])
     assert (tmp_path / "run" / "metadata.json").is_file()
-    if config.model.resize_at:
-        assert metadata["model"].input_shape[1] == config.model.resize_at[-1][1]
+    if config("run").model.resize_at:
+        assert metadata["model"].input_shape[1] == config("run").model.resize_at[-1][1]
+
+    save = checkpoint_lib.save_checkpoint
+
+    def stopping_save(run_dir, model, step, **kwargs):
+        if step == 2:
+            raise _Stopped
+        return save(run_dir, model, step, **kwargs)
+
+    monkeypatch.setattr(checkpoint_lib, "save_checkpoint", stopping_save)
+    with pytest.raises(_Stopped):
+        training.train(config("stopped"))
+    monkeypatch.setattr(checkpoint_lib, "save_checkpoint", save)
+    resumed = training.train(config("stopped"))
+    assert resumed["steps"] == 2
+    # The same kernels on the same inputs from the same state (the seed
+    # generators, LoRA adapters and optimizer are checkpointed): identical.
+    reference = metadata["model"].get_weights()
+    got = resumed["model"].get_weights()
+    assert len(got) == len(reference)
+    for a, b in zip(got, reference, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_command_line_errors_list_valid_keys_and_recipes(capsys):

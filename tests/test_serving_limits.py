@@ -285,3 +285,96 @@ def test_explicit_version_being_exported_elsewhere_is_refused_first(tmp_path):
     with pytest.raises(ValueError, match="Version 1 of 'same' already exists or is"):
         export_model(model, "same", tmp_path, version=1, tflite=())
     assert sorted(p.name for p in (tmp_path / "same").iterdir()) == [".1.reserved"]
+
+
+def test_a_long_request_for_a_small_declared_image_is_refused(served):
+    # A zlib bomb: 16 x 16 pixels declared, ~1 MB of stream that inflates
+    # to 1 GiB (TF's decoder inflates all of it: 2-5 s of CPU). The graph
+    # cannot inflate with a bounded output; it bounds the length.
+    _, signatures, _ = served
+    classify = signatures["classify_images"]
+    compressor = zlib.compressobj(9)
+    stream = compressor.compress(b"\0" * (16 * 17))
+    for _ in range(1024):
+        stream += compressor.compress(b"\0" * (1 << 20))
+    stream += compressor.flush()
+    bomb = bytearray(png_bomb(16))
+    idat = bomb.index(b"IDAT") - 4
+    bomb[idat:-12] = (
+        struct.pack(">I", len(stream))
+        + b"IDAT"
+        + stream
+        + struct.pack(">I", zlib.crc32(b"IDAT" + stream) & 0xFFFFFFFF)
+    )
+    start = time.perf_counter()
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        classify(images=tf.constant([bytes(bomb)]))
+    assert time.perf_counter() - start < 1.0
+    message = error.value.message
+    assert f"holds {len(bomb)} bytes, more than the " in message
+    assert "bytes an image that declares 16 x 16 pixels may take" in message
+
+
+def test_predict_traces_once_and_streams_its_results(served, tmp_path, capsys):
+    from keras_vit.cli.main import main as cli_main
+    from keras_vit.deploy import images, serving
+
+    folder, _, metadata = served
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(300):
+        path = tmp_path / f"{i:03d}.png"
+        path.write_bytes(encode(rng.integers(0, 256, (8, 8), dtype="uint8"), "PNG"))
+        paths.append(str(path))
+    decoder = images._file_decoder(1)
+    results = serving.iter_predict(folder / "sm", paths, metadata=metadata)
+    next(results)
+    traces = decoder.experimental_get_tracing_count()
+    # Streamed: one batch was read for the first result, not every file.
+    os.remove(paths[-1])
+    with pytest.raises(FileNotFoundError, match=r"299.png' does not exist"):
+        list(results)
+    path = tmp_path / "299.png"
+    path.write_bytes(encode(np.zeros((8, 8), "uint8"), "PNG"))
+    (folder / "sm" / "assets").mkdir(exist_ok=True)
+    (folder / "sm" / "assets" / "metadata.json").write_text(json.dumps(metadata))
+    times = []
+    for half in (paths[:150], paths[150:]):
+        start = time.perf_counter()
+        assert cli_main(["predict", str(folder / "sm"), *half]) == 0
+        times.append(time.perf_counter() - start)
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split(": ")[0] for line in lines] == half
+    # Every file went through the one graph: no trace per file name.
+    assert decoder.experimental_get_tracing_count() == traces == 1
+    assert times[1] < 2 * times[0] + 1.0, times
+
+
+def test_predict_refuses_unreadable_files_in_one_line(served, tmp_path, capsys):
+    from keras_vit.cli.main import main as cli_main
+
+    folder, _, metadata = served
+    (folder / "sm" / "assets").mkdir(exist_ok=True)
+    (folder / "sm" / "assets" / "metadata.json").write_text(json.dumps(metadata))
+    png = encode(np.zeros((16, 16), "uint8"), "PNG")
+    os.mkfifo(tmp_path / "pipe.png")
+    with open(tmp_path / "huge.png", "wb") as f:  # sparse: no disk used
+        f.write(png)
+        f.truncate(3 << 30)
+    jpeg = encode(np.zeros((16, 16), "uint8"), "JPEG")
+    sof = jpeg.index(b"\xff\xc0")
+    frame = jpeg[sof : sof + 2 + int.from_bytes(jpeg[sof + 2 : sof + 4], "big")]
+    (tmp_path / "two_sof.jpg").write_bytes(jpeg[:sof] + frame + jpeg[sof:])
+    cases = {
+        "pipe.png": "pipe.png' is a FIFO (named pipe), not an image file",
+        "huge.png": "huge.png' (PNG) is 3,221,225,472 bytes, more than the",
+        "two_sof.jpg": "two_sof.jpg' (JPEG) holds two SOF (frame header) markers",
+    }
+    for name, message in cases.items():
+        start = time.perf_counter()
+        code = cli_main(["predict", str(folder / "sm"), str(tmp_path / name)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2, err
+        assert time.perf_counter() - start < 10  # the model loads first
+        assert err.startswith("keras-vit predict: error: image '"), err
+        assert message in err and len(err.splitlines()) == 1, err

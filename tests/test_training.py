@@ -79,6 +79,19 @@ def test_unknown_key_lists_the_valid_keys():
             r"total_steps \(150\) must be a multiple of checkpoint_every",
         ),
         ("optim.warmup_steps", "5000", "optim.warmup_steps must be < total_steps=1000"),
+        # Accumulation that never completes: no optimizer update at all.
+        (
+            "optim.gradient_accumulation_steps",
+            "2000",
+            r"total_steps \(1000\) must be a multiple of optim.gradient_accumulation"
+            r"_steps \(2000\): 1000 step\(s\) would never reach the optimizer \(0 ",
+        ),
+        (
+            "optim.gradient_accumulation_steps",
+            "3",
+            r"1 step\(s\) would never reach the optimizer \(333 update\(s\)\); "
+            "e.g. total_steps=999",
+        ),
         ("strategy", "horovod", r"strategy must be one of \['default', 'mirrored'"),
         ("model.resize_at", "((2000, 32),)", "model.resize_at steps must increase"),
         ("data.randaugment_ops", "20", r"data.randaugment_ops must be in \[0, 11\]"),

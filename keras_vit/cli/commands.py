@@ -188,13 +188,16 @@ def cmd_predict(args) -> int:
 
     existing_path(args.model, "model")
     output = "logits" if args.logits else "probabilities"
-    results = serving.predict(
+    results = serving.iter_predict(
         args.model, args.images, top_k=args.top_k, output=output, verbose=True
     )
     digits = 6 if args.logits else 4
-    for image, top in zip(args.images, results, strict=True):
+    # Each line as its batch is scored (flushed: a pipe sees it at once); a
+    # file that fails stops the command there with its one-line error.
+    for done, (image, top) in enumerate(zip(args.images, results, strict=True), 1):
         ranked = ", ".join(f"{label} {value:.{digits}f}" for label, value in top)
-        print(f"{image}: {ranked}")
+        print(f"{image}: {ranked}", flush=done % serving.PREDICT_BATCH == 0)
+    sys.stdout.flush()
     return 0
 
 

@@ -116,7 +116,12 @@ def user_error_line(error: BaseException) -> str | None:
         text = text.replace("] [", " ").strip(" []")
         # An Assert prints its strings C-escaped (quotes, non-ASCII names).
         text = codecs.escape_decode(text.encode())[0].decode("utf-8", "replace")
-    return _one_line(text.split(" [Op:")[0])
+    text = text.split("\n\t [[")[0].split(" [Op:")[0]
+    # Inside a graph TF puts "Graph execution error: Detected at node ...
+    # defined at (most recent call last): File ..." before the op's message,
+    # which is the last line.
+    lines = [line for line in text.splitlines() if line.strip()]
+    return _one_line(lines[-1] if lines else text)
 
 
 # Terminal control sequences (colours, bold) that Keras puts in some messages.

@@ -34,13 +34,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.deploy import int16
+from keras_vit.deploy import int16, names
 from keras_vit.deploy import tflite as tflite_lib
 from keras_vit.deploy.checks import PIXEL_RANGE_SLACK, SERVING_INPUT
+from keras_vit.deploy.names import check_export_target
 from keras_vit.deploy.serving import BYTES_INPUT, BYTES_SIGNATURE
 from keras_vit.deploy.signatures import Graphs, write_saved_model, write_warmup_requests
 from keras_vit.deploy.versions import claim_version, is_latest, remove_stale_partials
-from keras_vit.files import check_path_text, discard, signals_held, stage
+from keras_vit.files import discard, signals_held, stage
 from keras_vit.files import publish as publish_staged
 from keras_vit.models import quantization
 from keras_vit.models.image_bytes import DEFAULT_MAX_PIXELS
@@ -288,18 +289,6 @@ def _stage_latest(staged, root, name, model, metadata, tflite_files) -> None:
     staged.append((stage(target, lambda p: p.write_text(text)), target))
 
 
-def check_export_target(name, root) -> None:
-    """ValueError for an export name or root that the export could not
-    write: checked before any work, so nothing (not even a folder) is left."""
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-        raise ValueError(
-            f"name must be a non-empty file name without '/' that does not start "
-            f"with '.', got {name!r}."
-        )
-    check_path_text(name, "export name")
-    check_path_text(root, "export root")
-
-
 def _check_arguments(model, name, labels, top_k, version, quantize) -> list[str]:
     """Validates what `export_model` was given; returns the labels as strings."""
     num_classes = int(model.outputs[0].shape[-1])
@@ -435,7 +424,7 @@ def _write_version(
             outputs = _in_batches(tflite_lib.Runner(content), verify)
             metadata["parity"][f"tflite_{kind}"] = _parity(reference, outputs)
             metadata.setdefault("tflite_ops", {})[kind] = ops
-            tflite_files[tflite_lib.file_name(name, kind)] = content
+            tflite_files[names.file_name(name, kind)] = content
         (partial / "assets").mkdir(exist_ok=True)
         (partial / "assets" / "labels.txt").write_text("\n".join(labels) + "\n")
         # Sizes in bytes; the SavedModel's counts all but its metadata.json.

@@ -9,8 +9,6 @@ another size are resized first, with `resize_method` as in training.
 
 from __future__ import annotations
 
-import codecs
-import os
 import re
 import sys
 import zipfile
@@ -21,13 +19,11 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit.deploy.checks import check_pixel_batch
+from keras_vit.deploy.images import image_items, load_pixels
 from keras_vit.errors import CheckpointError
 from keras_vit.hardware import choose_settings
-from keras_vit.models import image_bytes
 from keras_vit.models.preprocessing import (
     normalize_pixels,
-    resize_pixels,
-    resizes_every_image,
     resolve_preprocessing,
 )
 
@@ -143,114 +139,6 @@ def prediction_log_bytes(model_name: str, signature: str, inputs: dict) -> bytes
     return log.SerializeToString()
 
 
-def _to_pixels(item, preprocessing: dict) -> np.ndarray:
-    """One image (a file path or an `(h, w)` / `(h, w, c)` array of raw pixels)
-    as float32 `(h, w, c)`."""
-    channels = preprocessing["num_channels"]
-    if isinstance(item, str | os.PathLike):
-        path = Path(item)
-        if path.is_dir():
-            raise IsADirectoryError(
-                f"image {str(item)!r} is a folder; pass image files (e.g. "
-                f"{str(path / '*.jpg')!r} expanded by the shell)"
-            )
-        if not path.is_file():
-            raise FileNotFoundError(f"image {str(item)!r} does not exist")
-        decoded = _decode_file(path, channels)
-        return decoded.numpy().astype("float32") * (
-            preprocessing["pixel_scale"] / 255.0
-        )
-    array = np.asarray(item, dtype="float32")
-    if array.ndim == 2:
-        array = array[..., None]
-    if array.ndim != 3 or array.shape[-1] != channels:
-        raise ValueError(
-            f"an image array must be (height, width, {channels}) raw pixels, got "
-            f"shape {array.shape}."
-        )
-    return array
-
-
-@tf.function(reduce_retracing=True)
-def _checked_bytes(contents, what):
-    return image_bytes.check_declared_size(contents, what, image_bytes.FILE_MAX_PIXELS)
-
-
-def _decode_file(path: Path, channels: int) -> tf.Tensor:
-    """A JPEG / PNG / GIF / BMP file as uint8 `(h, w, channels)`; a file that
-    is none of these, declares more than `FILE_MAX_PIXELS`, whose header lies
-    (a GIF frame outside its screen) or that cannot be decoded is a
-    ValueError naming it and why. Only a GIF's first frame is decoded."""
-    contents = tf.constant(path.read_bytes())
-    fmt = int(image_bytes.image_format(contents))
-    if not fmt:
-        raise ValueError(
-            f"cannot decode image {str(path)!r}: its {int(tf.strings.length(contents))}"
-            " bytes are not a JPEG, PNG, GIF or BMP file"
-        )
-    kind = image_bytes.FORMAT_NAMES[fmt]
-    what = f"image {str(path)!r} ({kind})"
-    try:
-        contents, _ = _checked_bytes(contents, what)
-        if fmt == image_bytes.JPEG and channels in (1, 3):
-            # As the bytes signature decodes JPEGs (accurate IDCT).
-            return image_bytes.decode_jpeg(
-                contents, channels, dct_method="INTEGER_ACCURATE"
-            )
-        return image_bytes.decode_to_channels(contents, channels, fmt)
-    except tf.errors.InvalidArgumentError as error:
-        if "assertion failed:" in error.message:  # the checks name the file
-            raise ValueError(_assertion_text(error)) from None
-        raise ValueError(
-            f"cannot decode {what} file (damaged?): {_assertion_text(error)}"
-        ) from None
-
-
-def _assertion_text(error) -> str:
-    """The message of a graph `Assert` or op error without TF's node names
-    (an `Assert` prints strings C-escaped: unescaped here)."""
-    text = error.message
-    if "assertion failed:" not in text:
-        return text.split(" [Op:")[0].split("}} ")[-1].strip()
-    text = text.split("assertion failed:", 1)[1].split("\n")[0]
-    text = text.replace("] [", " ").strip(" []")
-    return codecs.escape_decode(text.encode())[0].decode("utf-8", "replace")
-
-
-def load_pixels(images_or_paths, preprocessing: dict) -> np.ndarray:
-    """Files or arrays -> a float32 raw pixel batch `(n, H, W, C)` at the model
-    size, resized as the bytes signature does (a resized image is clipped to
-    `[0, pixel_scale]`, which bicubic kernels overshoot). Raises ValueError on
-    NaN / Inf (a `.tflite` file would not catch them)."""
-    if isinstance(images_or_paths, str | os.PathLike):
-        items = [images_or_paths]
-    elif isinstance(images_or_paths, np.ndarray) and images_or_paths.ndim == 4:
-        items = list(images_or_paths)
-    elif isinstance(images_or_paths, np.ndarray):
-        items = [images_or_paths]
-    else:
-        items = list(images_or_paths)
-    if not items:
-        raise ValueError("no images given")
-    batch = []
-    for index, item in enumerate(items):
-        pixels = _to_pixels(item, preprocessing)
-        if not np.all(np.isfinite(pixels)):
-            raise ValueError(f"image {index} holds NaN or Inf pixels.")
-        # An image at the model size passes through untouched unless the
-        # preprocessing resizes it anyway (a centre crop, as in training-time
-        # evaluation or the model's source library).
-        if (
-            resizes_every_image(preprocessing)
-            or list(pixels.shape[:2]) != preprocessing["image_size"]
-        ):
-            pixels = resize_pixels(pixels[None], preprocessing).numpy()[0]
-            # Bicubic / Lanczos resizing overshoots the range a little.
-            pixels = np.clip(pixels, 0.0, preprocessing["pixel_scale"])
-        batch.append(pixels)
-    return np.stack(batch).astype("float32")
-
-
 def load_keras_file(path, compile: bool = True) -> keras.Model:
     """`keras.saving.load_model` (safe mode) with keras_vit's layers
     registered; a file that is not a Keras archive or holds a class nobody
@@ -339,6 +227,9 @@ def approximate_macs(model: keras.Model) -> float:
     return float(model.count_params()) * tokens
 
 
+PREDICT_BATCH = 32
+
+
 def predict(
     model_path,
     images_or_paths,
@@ -367,6 +258,35 @@ def predict(
         output: `"probabilities"` or `"logits"` (the model's own scores, for
             a model that does not end in softmax): what the pairs hold.
     """
+    return list(
+        iter_predict(
+            model_path,
+            images_or_paths,
+            top_k,
+            metadata=metadata,
+            jit_compile=jit_compile,
+            verbose=verbose,
+            output=output,
+        )
+    )
+
+
+def iter_predict(
+    model_path,
+    images_or_paths,
+    top_k: int = 5,
+    *,
+    metadata=None,
+    jit_compile: bool | str = "auto",
+    verbose: bool = False,
+    output: str = "probabilities",
+    batch_size: int = PREDICT_BATCH,
+):
+    """`predict`, one image's top-k pairs at a time, in order: the model is
+    loaded once and run on `batch_size` images at a time, so memory stays
+    that of one batch however many images are given, and results come as
+    they are computed. An error (a damaged file, non-finite scores) stops
+    the iteration at the image it concerns; earlier results were yielded."""
     if output not in ("probabilities", "logits"):
         raise ValueError(f"output must be 'probabilities' or 'logits', got {output!r}.")
     path = Path(model_path)
@@ -387,7 +307,7 @@ def predict(
             f"model {str(model_path)!r}: expected a SavedModel folder, a .tflite "
             "file or a .keras file."
         )
-    from keras_vit.deploy.exported import read_metadata, run_exported
+    from keras_vit.deploy.exported import read_metadata
 
     metadata, labels, pre = read_metadata(path, metadata, find_metadata)
     # Metadata written before a key existed reads with that key's default.
@@ -398,48 +318,61 @@ def predict(
             "model again or pass metadata= with a complete 'preprocessing'."
         )
     pre = resolve_preprocessing(pre, pre["image_size"], pre["num_channels"])
-    pixels = load_pixels(images_or_paths, pre)
+    items = image_items(images_or_paths)
+    run = _scorer(path, pre, jit_compile, verbose)
     shape = (*pre["image_size"], pre["num_channels"])
-    pixels = check_pixel_batch(pixels, shape, pre["pixel_scale"])
-    if path.is_dir() or path.suffix == ".tflite":
-        outputs = run_exported(path, pixels, pre)
-    else:
-        model = load_keras_file(path)
-        settings = choose_settings(
-            approximate_macs(model), model.dtype_policy.name, jit_compile
-        )
-        if verbose and settings["auto"]:
-            print(
-                f"predict: jit_compile={settings['jit_compile']} "
-                f"(auto: {settings['reason']})",
-                file=sys.stderr,
-            )
-        model.compile(jit_compile=settings["jit_compile"])
-        scores = model.predict(normalize_pixels(pixels, pre), verbose=0)
-        outputs = {"probabilities": scores}
-        if not ends_in_softmax(model):
-            outputs = {"logits": scores, "probabilities": tf.nn.softmax(scores)}
-    if output not in outputs:
-        raise ValueError(
-            f"{str(model_path)!r} gives no {output} (it returns {sorted(outputs)})."
-        )
-    probabilities = np.asarray(outputs[output])
-    if probabilities.shape[-1] != len(labels):
-        raise ValueError(
-            f"the metadata of {str(model_path)!r} names {len(labels)} labels but "
-            f"the model scores {probabilities.shape[-1]} classes; export the "
-            "model again with its labels."
-        )
-    finite = np.isfinite(probabilities).all(axis=-1)
-    if not finite.all():
-        raise ValueError(
-            f"{str(model_path)!r} gives NaN or Inf {output} for image "
-            f"{int(np.argmin(finite))} (counting from 0): its weights hold "
-            "non-finite numbers; no prediction printed."
-        )
     k = min(top_k, len(labels))
-    order = np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]
-    return [
-        [(labels[i], float(row[i])) for i in top]
-        for row, top in zip(probabilities, order, strict=True)
-    ]
+    for first in range(0, len(items), batch_size):
+        pixels = load_pixels(items[first : first + batch_size], pre, first)
+        pixels = check_pixel_batch(pixels, shape, pre["pixel_scale"])
+        outputs = run(pixels)
+        if output not in outputs:
+            raise ValueError(
+                f"{str(model_path)!r} gives no {output} (it returns {sorted(outputs)})."
+            )
+        scores = np.asarray(outputs[output])
+        if scores.shape[-1] != len(labels):
+            raise ValueError(
+                f"the metadata of {str(model_path)!r} names {len(labels)} labels but "
+                f"the model scores {scores.shape[-1]} classes; export the "
+                "model again with its labels."
+            )
+        finite = np.isfinite(scores).all(axis=-1)
+        if not finite.all():
+            raise ValueError(
+                f"{str(model_path)!r} gives NaN or Inf {output} for image "
+                f"{first + int(np.argmin(finite))} (counting from 0): its weights "
+                "hold non-finite numbers; no prediction printed for it."
+            )
+        order = np.argsort(-scores, axis=-1, kind="stable")[:, :k]
+        for row, top in zip(scores, order, strict=True):
+            yield [(labels[i], float(row[i])) for i in top]
+
+
+def _scorer(path: Path, pre: dict, jit_compile, verbose: bool):
+    """A function from a raw pixel batch to the model's outputs by name, the
+    model loaded once."""
+    if path.is_dir() or path.suffix == ".tflite":
+        from keras_vit.deploy.exported import exported_runner
+
+        return exported_runner(path, pre)
+    model = load_keras_file(path)
+    settings = choose_settings(
+        approximate_macs(model), model.dtype_policy.name, jit_compile
+    )
+    if verbose and settings["auto"]:
+        print(
+            f"predict: jit_compile={settings['jit_compile']} "
+            f"(auto: {settings['reason']})",
+            file=sys.stderr,
+        )
+    model.compile(jit_compile=settings["jit_compile"])
+    softmax = ends_in_softmax(model)
+
+    def run(pixels):
+        scores = model.predict(normalize_pixels(pixels, pre), verbose=0)
+        if softmax:
+            return {"probabilities": scores}
+        return {"logits": scores, "probabilities": tf.nn.softmax(scores)}
+
+    return run

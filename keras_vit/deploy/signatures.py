@@ -25,7 +25,10 @@ Signatures of the SavedModel:
   `max_pixels` (export argument, default `image_bytes.DEFAULT_MAX_PIXELS`,
   recorded in the metadata): a larger image, or bytes that are not a JPEG or
   PNG, is an `InvalidArgumentError` naming the declared size or the byte
-  count, never the bytes themselves.
+  count, never the bytes themselves. So is a request longer than
+  `image_bytes.encoded_bound` for its declared size (4 x its raw pixels +
+  256 KiB): the graph cannot inflate a PNG with a bounded output, but this
+  bounds what a zlib bomb costs (~1032x the bytes beyond the image).
 """
 
 from __future__ import annotations
@@ -173,12 +176,17 @@ class Graphs:
 
     def decode(self, encoded):
         # The header's declared size is checked before any decoder runs, so a
-        # small file that declares a huge image costs microseconds.
+        # small file that declares a huge image costs microseconds; so is the
+        # length against what that size needs (`REQUEST_ALLOWANCE`): a small
+        # declared image cannot carry a long zlib stream. How far a stream
+        # inflates no graph op can bound: a PNG within that length still
+        # costs TF's decoder up to ~1032x the bytes it holds beyond the image.
         encoded, fmt = image_bytes.check_declared_size(
             encoded,
             f"an image in `{BYTES_INPUT}`",
             self.max_pixels,
             (image_bytes.JPEG, image_bytes.PNG),
+            allowance=image_bytes.REQUEST_ALLOWANCE,
         )
         channels = self.shape[2]
         # The accurate integer IDCT (libjpeg's ISLOW, PIL's default) rather

@@ -41,7 +41,9 @@ import tensorflow as tf
 
 from keras_vit.deploy.checks import check_pixel_batch
 
-KINDS = ("float32", "float16", "dynamic_int8", "int8", "int16x8")
+# The names of the files: one home in deploy.names, kept here as before.
+from keras_vit.deploy.names import KINDS, file_name  # noqa: F401
+
 DEFAULT_KINDS = ("float32", "float16", "dynamic_int8", "int8")
 CALIBRATED_KINDS = ("int8", "int16x8")
 SIGNATURE = "serving_default"
@@ -50,11 +52,6 @@ SIGNATURE = "serving_default"
 # gave 98.9-100% top-1 agreement depending on the draw, all 1,437 gave 99.7%.
 MAX_CALIBRATION_IMAGES = 2000
 _NO_16X8_KERNEL = re.compile(r"16x8-bit not yet supported for op: '(\w+)'")
-
-
-def file_name(name: str, kind: str) -> str:
-    """`digits.tflite` for float32, `digits_<kind>.tflite` for the others."""
-    return f"{name}.tflite" if kind == "float32" else f"{name}_{kind}.tflite"
 
 
 def check_kinds(kinds) -> tuple[str, ...]:

@@ -23,6 +23,26 @@ DEFAULT_MAX_PIXELS = 4096 * 4096
 # Image files read for training or `predict`: large enough for any camera
 # (268 M pixels); larger declared sizes are damaged or hostile files.
 FILE_MAX_PIXELS = 16384 * 16384
+# The most bytes an encoded image may take: ENCODED_FACTOR x the raw bytes of
+# the pixels its header declares (no JPEG, PNG, GIF or BMP encoder needs
+# more than ~1.5x, even for noise), plus a fixed allowance for metadata
+# (EXIF, ICC profiles, XMP). Files (`predict`, folders, TFRecords) allow
+# 16 MiB. A serving request allows 256 KiB: its graph cannot inflate a PNG
+# with a bounded output, and TensorFlow's decoder inflates all of a stream
+# (~2 s per GiB), so what bounds a zlib bomb there is its length (zlib
+# inflates at most ~1032x), i.e. ~260 MB of work beyond the declared image.
+ENCODED_FACTOR = 4
+FILE_ALLOWANCE = 16 << 20
+REQUEST_ALLOWANCE = 256 << 10
+
+
+def encoded_bound(height, width, bytes_per_pixel, allowance):
+    """The most bytes an image declaring `height` x `width` pixels of
+    `bytes_per_pixel` may take encoded (ints or int64 tensors): 8 bytes a row
+    on top of the pixels cover PNG filter bytes and Adam7 passes and BMP row
+    padding."""
+    raw = height * width * bytes_per_pixel + 8 * height
+    return ENCODED_FACTOR * raw + allowance
 
 
 def image_format(contents: tf.Tensor) -> tf.Tensor:
@@ -66,35 +86,54 @@ def _little_endian(b, first, count):
 
 def declared_size(contents: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
     """int64 `[height, width]` the header of a `fmt` file declares; `[0, 0]`
-    for an unknown format. JPEG reads its SOF marker (`extract_jpeg_shape`,
-    which fails on a JPEG without one); PNG the IHDR chunk (bytes 16..24,
-    big-endian); GIF the logical screen (bytes 6..10, little-endian); BMP the
-    info header (bytes 18..26, signed little-endian; negative heights mean
-    top-down rows)."""
+    for an unknown format (see `declared_layout`)."""
+    return declared_layout(contents, fmt)[:2]
+
+
+def declared_layout(contents: tf.Tensor, fmt: tf.Tensor) -> tf.Tensor:
+    """int64 `[height, width, bytes_per_pixel]` the header of a `fmt` file
+    declares; `[0, 0, 1]` for an unknown format. JPEG reads its SOF marker
+    (`extract_jpeg_shape`, which fails on a JPEG without one: components);
+    PNG the IHDR chunk (bytes 16..26, big-endian: samples of its colour type
+    times 2 for 16-bit depth, 8 for a colour type PNG does not have); GIF the
+    logical screen (bytes 6..10, little-endian; one palette index a pixel);
+    BMP the info header (bytes 18..30, signed little-endian; negative heights
+    mean top-down rows)."""
 
     def jpeg():
         shape = tf.image.extract_jpeg_shape(contents, output_type=tf.int64)
-        return shape[:2]
+        return tf.concat([shape[:2], tf.maximum(shape[2:], 1)], 0)
 
     def png():
-        b = _header_bytes(contents, 16, 8)
-        return tf.stack([_big_endian(b, 4, 4), _big_endian(b, 0, 4)])
+        b = _header_bytes(contents, 16, 10)
+        samples = tf.gather(
+            tf.constant([1, 8, 3, 1, 2, 8, 4, 8], tf.int64), tf.minimum(b[9], 7)
+        )
+        per_pixel = tf.where(b[8] > 8, 2 * samples, samples)
+        return tf.stack([_big_endian(b, 4, 4), _big_endian(b, 0, 4), per_pixel])
 
     def gif():
         b = _header_bytes(contents, 6, 4)
-        return tf.stack([_little_endian(b, 2, 2), _little_endian(b, 0, 2)])
+        return tf.stack(
+            [_little_endian(b, 2, 2), _little_endian(b, 0, 2), tf.constant(1, tf.int64)]
+        )
 
     def bmp():
-        b = _header_bytes(contents, 18, 8)
+        b = _header_bytes(contents, 18, 12)
         width, height = _little_endian(b, 0, 4), _little_endian(b, 4, 4)
         signed = tf.where(height >= 2**31, height - 2**32, height)
+        per_pixel = tf.clip_by_value((_little_endian(b, 10, 2) + 7) // 8, 1, 4)
         return tf.stack(
-            [tf.abs(signed), tf.where(width >= 2**31, width - 2**32, width)]
+            [
+                tf.abs(signed),
+                tf.where(width >= 2**31, width - 2**32, width),
+                per_pixel,
+            ]
         )
 
     return tf.switch_case(
         tf.convert_to_tensor(fmt, tf.int32),
-        [lambda: tf.zeros([2], tf.int64), jpeg, png, gif, bmp],
+        [lambda: tf.constant([0, 0, 1], tf.int64), jpeg, png, gif, bmp],
     )
 
 
@@ -206,13 +245,24 @@ def inspect(contents: tf.Tensor, fmt: tf.Tensor, with_gif: bool = True):
 
 
 def check_declared_size(
-    contents: tf.Tensor, what, max_pixels: int, formats=(JPEG, PNG, GIF, BMP)
+    contents: tf.Tensor,
+    what,
+    max_pixels: int,
+    formats=(JPEG, PNG, GIF, BMP),
+    allowance: int = FILE_ALLOWANCE,
 ) -> tf.Tensor:
     """`contents` after checks that it is one of `formats`, declares at most
-    `max_pixels` pixels and (a GIF) has its first frame inside its screen;
-    `InvalidArgumentError`s that name `what` (a string tensor or str: the
-    file, or the input name), the length or the declared size, never the
-    bytes. Returns `(contents, format)`: the bytes to decode (`inspect`)."""
+    `max_pixels` pixels, is at most `encoded_bound(..., allowance)` bytes
+    long (a GIF: up to the end of its first image) and (a GIF) has its first
+    frame inside its screen; `InvalidArgumentError`s that name `what` (a
+    string tensor or str: the file, or the input name), the length or the
+    declared size, never the bytes. Returns `(contents, format)`: the bytes
+    to decode (`inspect`).
+
+    What a graph cannot check: how far a PNG's zlib stream inflates (no
+    graph op inflates with a bounded output; `image_files` does it for
+    files). The length bound limits that work to ~1032x the bytes beyond
+    what the declared image needs."""
     fmt = image_format(contents)
     known = tf.reduce_any(tf.equal(fmt, list(formats)))
     names = " or ".join(FORMAT_NAMES[f] for f in formats)
@@ -249,7 +299,32 @@ def check_declared_size(
     frame_check = tf.debugging.Assert(
         tf.equal(problem, ""), [tf.strings.join([what, problem])]
     )
-    with tf.control_dependencies([format_check, size_check, frame_check]):
+    layout = tf.cast(declared_layout(contents, tf.where(known, fmt, 0)), tf.float64)
+    # In float64: a lying header's height x width overflows int64.
+    bound = encoded_bound(layout[0], layout[1], layout[2], float(allowance))
+    encoded = tf.cast(tf.strings.length(decodable), tf.int64)
+    with tf.control_dependencies([size_check, frame_check]):
+        length_check = tf.debugging.Assert(
+            tf.cast(encoded, tf.float64) <= bound,
+            [
+                tf.strings.join(
+                    [
+                        what,
+                        " holds ",
+                        tf.strings.as_string(encoded),
+                        " bytes, more than the ",
+                        tf.strings.as_string(tf.cast(bound, tf.int64)),
+                        " bytes an image that declares ",
+                        size[1],
+                        " x ",
+                        size[0],
+                        " pixels may take; refused before decoding",
+                    ]
+                )
+            ],
+        )
+    checks = [format_check, size_check, frame_check, length_check]
+    with tf.control_dependencies(checks):
         return tf.identity(decodable), fmt
 
 
@@ -341,7 +416,12 @@ __all__ = [
     "JPEG",
     "PNG",
     "check_declared_size",
+    "declared_layout",
     "declared_size",
+    "encoded_bound",
+    "ENCODED_FACTOR",
+    "FILE_ALLOWANCE",
+    "REQUEST_ALLOWANCE",
     "decode_jpeg",
     "decode_to_channels",
     "image_format",

@@ -23,8 +23,10 @@ from keras_vit.models.hybrid import HybridViT
 from keras_vit.models.preprocessing import normalize_preprocessing
 from keras_vit.models.resolution import resample_position_embedding
 from keras_vit.models.vit import image_hw
+from keras_vit.pretrained.config_values import check_overrides
 from keras_vit.pretrained.detect import detect_architecture
 from keras_vit.pretrained.hub import download_checkpoint
+from keras_vit.pretrained.json_files import MAX_LISTED, name_list
 from keras_vit.pretrained.layouts import Plan
 from keras_vit.pretrained.metadata import source_metadata, timm_preprocessing
 from keras_vit.pretrained.names import NamedCheckpoint, alias_preprocessing, lookup
@@ -98,7 +100,7 @@ def _values_for(model: keras.Model, plan: Plan, tensors: dict, skip: set[str]) -
             continue
         missing = [s for s in sources if s not in tensors]
         if missing:
-            problems.append(f"missing tensor(s) {missing} for {target}")
+            problems.append(f"missing tensor(s) {name_list(missing)} for {target}")
             continue
         used.update(sources)
         if target not in variables:
@@ -135,18 +137,24 @@ def _values_for(model: keras.Model, plan: Plan, tensors: dict, skip: set[str]) -
         values[target] = value
     unknown = sorted(set(tensors) - used - set(plan.ignored))
     if unknown:
-        problems.append(f"unknown tensor(s) not used by the model: {unknown}")
+        problems.append(
+            f"{len(unknown)} unknown tensor(s) not used by the model: "
+            f"{name_list(unknown)}"
+        )
     unset = sorted(
         set(variables)
         - set(values)
         - {t for t in variables if any(t.startswith(s) for s in skip)}
     )
     if not problems and unset:
-        problems.append(f"model variables with no tensor: {unset}")
+        problems.append(f"model variables with no tensor: {name_list(unset)}")
     if problems:
+        # One line (the CLI prints it as it is), the first problems in full.
+        more = len(problems) - MAX_LISTED
+        shown = problems[:MAX_LISTED] + ([f"... and {more} more"] if more > 0 else [])
         raise CheckpointError(
-            "The checkpoint does not match the model; nothing was loaded:\n  - "
-            + "\n  - ".join(problems)
+            "The checkpoint does not match the model; nothing was loaded: "
+            + "; ".join(shown)
         )
     return values
 
@@ -220,6 +228,7 @@ def convert_checkpoint(
             "include_top, filename, revision, sha256, "
             f"{', '.join(ARCHITECTURE_OVERRIDES)}."
         )
+    check_overrides(overrides)
     if out_path is not None and Path(out_path).suffix != ".keras":
         raise ValueError(f"out_path must end in .keras, got {str(out_path)!r}.")
     if num_classes is not None and (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from keras_vit.errors import CheckpointError
 from keras_vit.pretrained.big_vision import big_vision_plan
+from keras_vit.pretrained.config_values import check_config_types
 from keras_vit.pretrained.hf_clip import PATCHES, clip_plan, siglip_plan
 from keras_vit.pretrained.hf_dinov2 import (
     DINOV2_PATCHES,
@@ -12,6 +13,7 @@ from keras_vit.pretrained.hf_dinov2 import (
     dinov3_plan,
 )
 from keras_vit.pretrained.huggingface import VIT_LAYOUTS, huggingface_plan
+from keras_vit.pretrained.json_files import name_list
 from keras_vit.pretrained.layouts import Plan
 from keras_vit.pretrained.timm import timm_plan
 
@@ -25,6 +27,7 @@ def detect_architecture(
     `hints` (`image_size`, `num_heads`) fill in what neither the tensors nor
     the config tell.
     """
+    check_config_types(config or {})
     try:
         return _detect(tensors, config or {}, hints or {})
     except CheckpointError:
@@ -97,5 +100,5 @@ def _detect(tensors: dict, config: dict, hints: dict) -> Plan:
     raise CheckpointError(
         "Unrecognised checkpoint layout (expected timm, Hugging Face ViT or "
         f"AugReg/big_vision names){f' of model_type={kind!r}' if kind else ''}; "
-        f"first tensors: {sorted(tensors)[:5]}."
+        f"first tensors: {name_list(sorted(tensors), 5)}."
     )

@@ -14,10 +14,12 @@ import numpy as np
 
 from keras_vit.errors import CheckpointError
 from keras_vit.models.vit import ViT
+from keras_vit.pretrained.config_values import checked_int
 from keras_vit.pretrained.hf_common import (
     activation,
     add_qkv,
     check_shape_options,
+    check_sizes,
     epsilon,
     heads_of,
     ignore_buffers,
@@ -59,15 +61,18 @@ def _tower(tensors: dict, config: dict, hints: dict, family: str) -> tuple:
             f"{family}'s position table of {tokens} rows does not fit a "
             f"{grid[0]}x{grid[1]} grid with {prefix} class token(s)."
         )
+    num_layers = count_indexed(tensors, re.escape(enc) + r"(\d+)\.")
+    mlp_dim = int(tensors[enc + "0.mlp.fc1.weight"].shape[0])
+    check_sizes(vision, family, num_layers, hidden, mlp_dim)
     kwargs = dict(
         variant="Ti",
         name=model_name(config.get("model_type"), f"hf_{family}") + "_converted",
         patch_size=p,
         num_channels=channels,
         hidden_dim=hidden,
-        num_layers=count_indexed(tensors, re.escape(enc) + r"(\d+)\."),
+        num_layers=num_layers,
         num_heads=heads,
-        mlp_dim=int(tensors[enc + "0.mlp.fc1.weight"].shape[0]),
+        mlp_dim=mlp_dim,
         class_token=class_token,
         qkv_bias=enc + "0.self_attn.q_proj.bias" in tensors,
         # interpolate_pos_encoding: torch's bicubic without antialias.
@@ -197,6 +202,10 @@ def clip_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         num_classes = (
             int(tensors["visual_projection.weight"].shape[0]) if projection else 0
         )
+        if projection:
+            # CLIPModel's and CLIPVisionModelWithProjection's own config key.
+            key, what = "projection_dim", "{} projected output(s)"
+            checked_int(config, key, family, num_classes, what)
         kwargs.update(pooling="token", pool_norm=True)
     kwargs.update(num_classes=max(num_classes, 1), include_top=num_classes > 0)
     plan = Plan(ViT, kwargs, grid, kwargs["patch_size"], num_classes)

@@ -8,7 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 from keras_vit.errors import CheckpointError
-from keras_vit.models.vit import image_hw
+from keras_vit.pretrained.config_values import (
+    agree_flag,
+    checked_int,
+    config_epsilon,
+    config_heads,
+    config_image_size,
+    config_int,
+    shown,
+)
 from keras_vit.pretrained.layouts import Plan, linear_kernel
 
 # transformers' `ACT2FN` names keras_vit's MLP computes exactly.
@@ -31,7 +39,7 @@ def vision_config(config: dict) -> dict:
 
 def activation(config: dict, family: str, default: str) -> str:
     act = config.get("hidden_act", default)
-    if act not in ACTIVATIONS:
+    if not isinstance(act, str) or act not in ACTIVATIONS:
         raise CheckpointError(
             f"{family} hidden_act={act!r} is not supported; valid: "
             f"{sorted(ACTIVATIONS)}."
@@ -40,12 +48,18 @@ def activation(config: dict, family: str, default: str) -> str:
 
 
 def epsilon(config: dict, family: str, default: float) -> float:
-    eps = config.get("layer_norm_eps", default)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
-        raise CheckpointError(
-            f"{family} layer_norm_eps={eps!r} is not a positive number."
-        )
-    return float(eps)
+    eps = config.get("layer_norm_eps")
+    return config_epsilon(default if eps is None else eps, "layer_norm_eps", family)
+
+
+def check_sizes(config: dict, family: str, layers: int, hidden: int, mlp=None):
+    """`num_hidden_layers`, `hidden_size` and `intermediate_size` (when the
+    family has one: `mlp`, the MLP width the tensors hold) against the
+    tensors."""
+    checked_int(config, "num_hidden_layers", family, layers, "{} block(s)")
+    checked_int(config, "hidden_size", family, hidden, "a hidden width of {}")
+    if mlp is not None:
+        checked_int(config, "intermediate_size", family, mlp, "an MLP width of {}")
 
 
 def check_shape_options(
@@ -53,55 +67,43 @@ def check_shape_options(
 ) -> tuple[int, int] | None:
     """Checks `patch_size`, `num_channels` and `head_dim` against the
     tensors; returns the configured `image_size` as `(height, width)`."""
-    size = config.get("patch_size", patch)
-    sizes = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
-    if sizes != (patch, patch):
-        raise CheckpointError(
-            f"{family} patch_size={size!r} does not match the {patch}x{patch} "
-            "patch projection (keras_vit has square patches)."
-        )
-    if config.get("num_channels", channels) != channels:
-        raise CheckpointError(
-            f"{family} num_channels={config['num_channels']!r} does not match the "
-            f"patch projection's {channels} input channels."
-        )
+    size = config.get("patch_size")
+    if size is not None:
+        sizes = config_image_size(size, "patch_size", family)
+        if sizes != (patch, patch):
+            raise CheckpointError(
+                f"{family} patch_size={shown(size)} contradicts the tensors, "
+                f"whose patch projection is {patch}x{patch} (keras_vit has square "
+                "patches)."
+            )
+    checked_int(config, "num_channels", family, channels, "{} input channel(s)")
     head_dim = config.get("head_dim")
-    if head_dim is not None and head_dim * heads != hidden:
-        raise CheckpointError(
-            f"{family} head_dim={head_dim!r} with {heads} heads does not span "
-            f"hidden_size {hidden}; keras_vit's heads split the hidden width."
-        )
+    if head_dim is not None:
+        config_int(head_dim, "head_dim", family)
+        if head_dim * heads != hidden:
+            raise CheckpointError(
+                f"{family} head_dim={head_dim!r} with {heads} heads does not span "
+                f"hidden_size {hidden}; keras_vit's heads split the hidden width."
+            )
     image = config.get("image_size")
-    if image is None:
-        return None
-    try:
-        return image_hw(tuple(image) if isinstance(image, list) else image)
-    except ValueError as error:
-        raise CheckpointError(f"{family} image_size={image!r}: {error}") from None
+    return None if image is None else config_image_size(image, "image_size", family)
 
 
 def heads_of(config: dict, hidden: int, hints: dict, family: str) -> int:
-    heads = config.get("num_attention_heads") or hints.get("num_heads")
+    heads = config.get("num_attention_heads")
+    if heads is not None:
+        return config_heads(heads, "num_attention_heads", family, hidden)
+    heads = hints.get("num_heads")
     if not heads:
         raise CheckpointError(
             f"{family} config without num_attention_heads; pass num_heads=."
         )
-    if hidden % int(heads):
-        raise CheckpointError(
-            f"{family} num_attention_heads={heads!r} does not divide hidden_size "
-            f"{hidden}."
-        )
-    return int(heads)
+    return config_heads(heads, "num_heads", "convert_checkpoint", hidden)
 
 
 def require_flag(config: dict, key: str, found: bool, family: str, what: str) -> None:
     """A config flag the tensors also tell: they must agree."""
-    value = config.get(key)
-    if value is not None and bool(value) != found:
-        raise CheckpointError(
-            f"{family} {key}={value!r} contradicts the tensors, which "
-            f"{'have' if found else 'lack'} {what}."
-        )
+    agree_flag(family, key, config.get(key), found, what)
 
 
 def root_of(tensors: dict, suffix: str) -> str:

@@ -9,10 +9,18 @@ import re
 
 from keras_vit.errors import CheckpointError
 from keras_vit.models.vit import ViT
+from keras_vit.pretrained.config_values import (
+    MLP_RATIO_RANGE,
+    ROPE_THETA_RANGE,
+    agree_width,
+    checked_int,
+    config_float,
+)
 from keras_vit.pretrained.hf_common import (
     activation,
     add_qkv,
     check_shape_options,
+    check_sizes,
     epsilon,
     heads_of,
     ignore_buffers,
@@ -49,6 +57,8 @@ def dinov2_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     swiglu = enc + "0.mlp.weights_in.weight" in tensors
     require_flag(config, "use_swiglu_ffn", swiglu, family, "SwiGLU (mlp.weights_in)")
     mlp = "weights_out" if swiglu else "fc2"
+    check_sizes(config, family, num_layers, hidden)
+    _check_mlp_ratio(tensors, config, family, hidden, enc, swiglu)
     tokens = tensors[root + "embeddings.position_embeddings"].shape[1]
     grid, covered = infer_grid(tokens, 1, size, p, hints.get("image_size"))
     if not covered:
@@ -166,9 +176,12 @@ def dinov3_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     for key, name in (("query", "q"), ("key", "k"), ("value", "v")):
         there = f"{enc}0.attention.{name}_proj.bias" in tensors
         require_flag(config, f"{key}_bias", there, family, f"a {name}_proj bias")
-    theta = config.get("rope_theta", 100.0)
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        raise CheckpointError(f"{family} rope_theta={theta!r} is not positive.")
+    mlp_dim = int(tensors[f"{enc}0.mlp.down_proj.weight"].shape[1])
+    check_sizes(config, family, num_layers, hidden, mlp_dim)
+    theta = config.get("rope_theta")
+    theta = config_float(
+        100.0 if theta is None else theta, "rope_theta", family, *ROPE_THETA_RANGE
+    )
     for key in ("rope_scaling", "rope_parameters"):
         if config.get(key) not in (None, {}, {"rope_theta": theta}):
             raise CheckpointError(
@@ -184,7 +197,7 @@ def dinov3_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         hidden_dim=hidden,
         num_layers=num_layers,
         num_heads=heads,
-        mlp_dim=int(tensors[f"{enc}0.mlp.down_proj.weight"].shape[1]),
+        mlp_dim=mlp_dim,
         num_classes=1,
         include_top=False,
         # pooler_output: the normalised class token.
@@ -255,9 +268,21 @@ def _add_registers(plan: Plan, tensors: dict, name: str, registers: int) -> None
 
 def _registers(tensors: dict, config: dict, name: str, family: str) -> int:
     registers = int(tensors[name].shape[1]) if name in tensors else 0
-    if config.get("num_register_tokens", registers) != registers:
-        raise CheckpointError(
-            f"{family} num_register_tokens={config['num_register_tokens']!r} "
-            f"contradicts the {registers} register tokens of the checkpoint."
-        )
+    key, what = "num_register_tokens", "{} register token(s)"
+    checked_int(config, key, family, registers, what, low=0)
     return registers
+
+
+def _check_mlp_ratio(tensors, config, family, hidden, enc, swiglu) -> None:
+    """transformers' DINOv2 MLP is `int(hidden_size * mlp_ratio)` wide; its
+    SwiGLU takes 2/3 of that, rounded up to a multiple of 8, twice (gate and
+    value) in weights_in."""
+    ratio = config.get("mlp_ratio")
+    if ratio is None:
+        return
+    width = int(hidden * config_float(ratio, "mlp_ratio", family, *MLP_RATIO_RANGE))
+    if swiglu:
+        width = 2 * ((int(width * 2 / 3) + 7) // 8 * 8)
+    name = f"{enc}0.mlp.{'weights_in' if swiglu else 'fc1'}.weight"
+    if name in tensors:
+        agree_width(family, ratio, hidden, width, name, tensors)

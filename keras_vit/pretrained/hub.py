@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
+import warnings
 from pathlib import Path
 
 from keras_vit.errors import CheckpointError
@@ -82,6 +85,25 @@ def _failure(hub, error: Exception, repo_id: str, filename: str) -> Exception:
     )
 
 
+@contextlib.contextmanager
+def _quiet():
+    """huggingface_hub logs each retry of a request that fails (11 lines
+    before keras_vit's own with no network, measured) and urllib3 each
+    broken connection: the one error raised here says what failed and what
+    to do, so theirs are held back while it downloads."""
+    loggers = [logging.getLogger(name) for name in ("huggingface_hub", "urllib3")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def download_checkpoint(
     repo_id: str,
     filename: str = "model.safetensors",
@@ -100,15 +122,16 @@ def download_checkpoint(
     repo_id = repo_id.removeprefix("hf-hub:")
     if filename.endswith(TORCH_SUFFIXES):
         refuse_torch(Path(filename))
-    try:
-        local = Path(hub.hf_hub_download(repo_id, filename, revision=revision))
-    except Exception as error:
-        raise _failure(hub, error, repo_id, filename) from None
-    for extra in CONFIG_FILES:
+    with _quiet():
         try:
-            hub.hf_hub_download(repo_id, extra, revision=revision)
-        except Exception:
-            pass  # timm .npz repos and others lack them; the tensors suffice.
+            local = Path(hub.hf_hub_download(repo_id, filename, revision=revision))
+        except Exception as error:
+            raise _failure(hub, error, repo_id, filename) from None
+        for extra in CONFIG_FILES:
+            try:
+                hub.hf_hub_download(repo_id, extra, revision=revision)
+            except Exception:
+                pass  # timm .npz repos and others lack them; the tensors do.
     blob = local.resolve().name
     expected = sha256 or (blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None)
     if expected is None:

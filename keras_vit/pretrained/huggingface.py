@@ -7,8 +7,15 @@ import re
 import numpy as np
 
 from keras_vit.errors import CheckpointError
-from keras_vit.models.vit import ViT, image_hw
-from keras_vit.pretrained.hf_common import activation, epsilon
+from keras_vit.models.vit import ViT
+from keras_vit.pretrained.config_values import checked_int
+from keras_vit.pretrained.hf_common import (
+    activation,
+    check_shape_options,
+    check_sizes,
+    epsilon,
+    require_flag,
+)
 from keras_vit.pretrained.layouts import (
     Plan,
     add_layer_norm,
@@ -52,14 +59,27 @@ def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     prefix = int(class_token) + int(distilled)
     # DeiTForImageClassificationWithTeacher: class and distillation heads.
     head = "cls_classifier" if "cls_classifier.weight" in tensors else "classifier"
-    size = config.get("image_size")
-    size = image_hw(tuple(size) if isinstance(size, list) else size) if size else None
+    heads = infer_heads(
+        int(hidden),
+        config.get("num_attention_heads"),
+        hints.get("num_heads"),
+        "num_attention_heads",
+        family,
+    )
+    size = check_shape_options(config, family, int(hidden), heads, int(p), channels)
+    mlp_dim = int(tensors[enc + "0.intermediate.dense.weight"].shape[0])
+    check_sizes(config, family, num_layers, int(hidden), mlp_dim)
+    qkv_bias = enc + "0.attention.attention.query.bias" in tensors
+    require_flag(config, "qkv_bias", qkv_bias, family, "query / key / value biases")
     tokens = tensors[root + "embeddings.position_embeddings"].shape[1]
     grid, covered = infer_grid(tokens, prefix, size, p, hints.get("image_size"))
     num_classes = (
         tensors[f"{head}.weight"].shape[0] if f"{head}.weight" in tensors else 0
     )
     pooler = root + "pooler.dense.weight" in tensors
+    if pooler:
+        rows = int(tensors[root + "pooler.dense.weight"].shape[0])
+        checked_int(config, "pooler_output_size", family, rows, "{} pooler output(s)")
     if pooler and config.get("pooler_act", "tanh") != "tanh":
         raise CheckpointError(
             f"{family} pooler_act={config['pooler_act']!r} is not supported; "
@@ -81,10 +101,8 @@ def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         num_channels=int(channels),
         hidden_dim=int(hidden),
         num_layers=num_layers,
-        num_heads=infer_heads(
-            int(hidden), config.get("num_attention_heads"), hints.get("num_heads")
-        ),
-        mlp_dim=int(tensors[enc + "0.intermediate.dense.weight"].shape[0]),
+        num_heads=heads,
+        mlp_dim=mlp_dim,
         pooling="token" if class_token else "gap",
         class_token=class_token,
         distilled=distilled,
@@ -92,7 +110,7 @@ def huggingface_plan(tensors: dict, config: dict, hints: dict) -> Plan:
         representation_size=(
             int(tensors[root + "pooler.dense.weight"].shape[0]) if pooler else None
         ),
-        qkv_bias=enc + "0.attention.attention.query.bias" in tensors,
+        qkv_bias=qkv_bias,
         layer_norm_epsilon=epsilon(config, family, 1e-12),
         mlp_activation=mlp_activation,
         # `interpolate_pos_encoding`: torch's bicubic, no antialias.

@@ -14,6 +14,8 @@ import numpy as np
 
 from keras_vit.errors import CheckpointError
 from keras_vit.models.vit import variant_heads
+from keras_vit.pretrained.config_values import config_heads as config_heads_value
+from keras_vit.pretrained.json_files import name_list
 
 
 @dataclass
@@ -93,13 +95,20 @@ def count_indexed(tensors, pattern: str) -> int:
     regex = re.compile(pattern)
     found = {int(m.group(1)) for k in tensors if (m := regex.match(k))}
     if found and found != set(range(max(found) + 1)):
-        raise CheckpointError(f"Block indices {sorted(found)} have gaps.")
+        gaps = sorted(set(range(max(found) + 1)) - found)
+        raise CheckpointError(
+            f"Block indices 0 to {max(found)} have gaps: no block {name_list(gaps)}."
+        )
     return len(found)
 
 
-def infer_heads(hidden_dim: int, config_heads, hint=None) -> int:
-    if config_heads:
-        return int(config_heads)
+def infer_heads(
+    hidden_dim: int, config_heads, hint=None, key: str = "num_heads", family="timm"
+) -> int:
+    """The config's head count (validated: an int dividing `hidden_dim`),
+    else the caller's `num_heads=`, else the VARIANTS table or a guess."""
+    if config_heads is not None:
+        return config_heads_value(config_heads, key, family, hidden_dim)
     if hint:
         return int(hint)
     table = variant_heads(hidden_dim)
@@ -141,7 +150,7 @@ def infer_grid(
             raise CheckpointError(
                 f"A position embedding of {tokens} tokens with {prefix} prefix "
                 f"token(s) does not fit the checkpoint's {size[0]}x{size[1]} "
-                f"images at stride {stride}."
+                f"images (its config's image size) at stride {stride}."
             )
     for covered in (True, False):
         patches = tokens - (prefix if covered else 0)

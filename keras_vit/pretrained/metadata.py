@@ -18,7 +18,6 @@ Sources, by layout:
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import keras
 
 from keras_vit.errors import CheckpointError
 from keras_vit.models.preprocessing import normalize_preprocessing
+from keras_vit.pretrained.json_files import file_kind, read_json_file
 
 # timm's interpolation names and PIL's resample codes -> tf.image.resize.
 TIMM_INTERPOLATION = {
@@ -151,10 +151,9 @@ def source_metadata(
         preprocessing = timm_preprocessing(config)
     elif layout == "huggingface":
         path = folder / "preprocessor_config.json"
-        try:
-            processor = json.loads(path.read_text()) if path.is_file() else {}
-        except ValueError as error:
-            raise CheckpointError(f"{path} is not valid JSON: {error}") from None
+        processor = {}
+        if file_kind(path) != "missing":
+            processor = read_json_file(path, "it holds the checkpoint's preprocessing")
         preprocessing = huggingface_preprocessing(processor)
     else:
         preprocessing = dict(JAX_PREPROCESSING)

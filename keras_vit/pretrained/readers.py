@@ -15,6 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from keras_vit.errors import CheckpointError, UnsafeCheckpointError
+from keras_vit.pretrained.json_files import (
+    check_depth,
+    file_kind,
+    name_list,
+    parse_json,
+    read_json_file,
+)
 
 TORCH_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 CHECKPOINT_NAMES = ("model.safetensors", "model.npz")
@@ -35,6 +42,10 @@ def refuse_torch(path: Path) -> None:
 
 # safetensors' own limit on the JSON header (100 MB).
 MAX_SAFETENSORS_HEADER = 100_000_000
+# Float dtypes converted to float32; integers are read only for the
+# position_ids buffer (and refused by name elsewhere).
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+INT_DTYPES = ("BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64")
 # Bytes per element of safetensors' dtypes (sub-byte float4/6 kinds aside).
 SAFETENSORS_ITEMSIZE = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
@@ -62,8 +73,8 @@ def is_safetensors(path: Path) -> bool:
             return False
         raw = f.read(header_len)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        header = parse_json(raw, str(path))
+    except CheckpointError:
         return False
     if not isinstance(header, dict):
         return False
@@ -111,7 +122,13 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     with open(path, "rb") as f:
         prefix = f.read(8)
         header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if header_len > MAX_SAFETENSORS_HEADER:
+            raise CheckpointError(
+                f"{path} declares a {header_len}-byte safetensors header; "
+                f"safetensors reads at most {MAX_SAFETENSORS_HEADER}."
+            )
         header_raw = f.read(header_len) if 0 < header_len <= size - 8 else b""
+    check_depth(header_raw, f"the safetensors header of {path}")
     try:
         header = json.loads(header_raw)
     except ValueError:
@@ -166,12 +183,29 @@ def _valid_entry(meta) -> bool:
 
 
 def _check_header_entry(path: Path, name: str, meta) -> None:
-    """Anything but a valid header entry is a damaged file."""
+    """Anything but a valid header entry is a damaged file; a dtype the
+    converter does not read is named before any data is."""
     if not _valid_entry(meta):
         shown = json.dumps(meta)[:120]
         raise CheckpointError(
-            f"{path} has a malformed safetensors header: entry {name!r} is {shown}; "
-            'expected {"dtype": ..., "shape": [...], "data_offsets": [begin, end]}.'
+            f"{path} has a malformed safetensors header: entry {name[:200]!r} is "
+            f'{shown}; expected {{"dtype": ..., "shape": [...], "data_offsets": '
+            "[begin, end]}."
+        )
+    dtype = meta["dtype"]
+    if dtype not in FLOAT_DTYPES + INT_DTYPES:
+        raise CheckpointError(
+            f"Tensor {name[:200]!r} in {path} has dtype {dtype[:40]!r}, which "
+            f"keras_vit does not convert; supported: {', '.join(FLOAT_DTYPES)} "
+            "(8-bit and smaller floats are not read)."
+        )
+    count = int(np.prod(meta["shape"], dtype=np.float64))
+    begin, end = meta["data_offsets"]
+    if end - begin != count * SAFETENSORS_ITEMSIZE[dtype]:
+        raise CheckpointError(
+            f"{path} has a malformed safetensors header: tensor {name[:200]!r} of "
+            f"shape {meta['shape']} and dtype {dtype} spans {end - begin} bytes, "
+            f"not {count * SAFETENSORS_ITEMSIZE[dtype]}."
         )
 
 
@@ -209,29 +243,82 @@ def _read_file(path: Path) -> dict[str, np.ndarray]:
 
 def _read_sharded(index: Path) -> dict[str, np.ndarray]:
     """transformers' sharded safetensors: the index's `weight_map` names the
-    shard, beside it, of every tensor."""
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(
-            f"{index} is not a safetensors index with a weight_map: {error!r}"
-        ) from None
+    shard, beside it, of every tensor. Every tensor must be in the shard the
+    index names and in no other: transformers reads each from its named
+    shard only, so a second copy elsewhere is a damaged or mixed-up folder."""
+    data = read_json_file(index, "it is the shard index of the checkpoint")
+    weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index} has an empty or malformed weight_map.")
-    tensors = {}
-    for name in sorted(set(weight_map.values())):
-        shard = index.parent / str(name)
-        if Path(str(name)).name != name or not shard.is_file():
+        raise CheckpointError(
+            f"{index} has no weight_map of tensor names to shard files (got "
+            f"{json.dumps(weight_map)[:80]})."
+        )
+    for tensor, name in weight_map.items():
+        if not isinstance(name, str) or Path(name).name != name or name in ("", "."):
             raise CheckpointError(
-                f"{index} names the shard {name!r}, which is not a file beside it."
+                f"{index}: weight_map[{tensor[:200]!r}] is {json.dumps(name)[:80]}; "
+                "expected the file name of a shard beside the index."
             )
-        tensors.update(_read_safetensors(shard))
-    missing = sorted(set(weight_map) - set(tensors))
+    contents = {}
+    for name in sorted(set(weight_map.values())):
+        shard = index.parent / name
+        kind = file_kind(shard)
+        if kind is not None:
+            raise CheckpointError(
+                f"{index} names the shard {name!r}, which is {kind}, not a file "
+                "beside it."
+            )
+        contents[name] = _read_safetensors(shard)
+    owner: dict[str, str] = {}
+    for name, part in contents.items():
+        for tensor in part:
+            if tensor in owner:
+                raise CheckpointError(
+                    f"Tensor {tensor!r} is stored in two shards, {owner[tensor]!r} "
+                    f"and {name!r}; {index.name} names "
+                    f"{weight_map.get(tensor)!r}. Refused: which copy is meant?"
+                )
+            owner[tensor] = name
+    for tensor, name in owner.items():
+        if weight_map.get(tensor) != name:
+            named = weight_map.get(tensor)
+            said = f"names {named!r}" if named else "does not list it"
+            raise CheckpointError(
+                f"Tensor {tensor!r} is in shard {name!r}, but {index.name} {said}."
+            )
+    missing = sorted(set(weight_map) - set(owner))
     if missing:
         raise CheckpointError(
-            f"{index} lists tensor(s) that its shards lack: {missing[:5]}."
+            f"{index} lists {len(missing)} tensor(s) that its shards lack: "
+            f"{name_list(missing)}."
         )
-    return tensors
+    return {t: v for part in contents.values() for t, v in part.items()}
+
+
+def _checkpoint_in(folder: Path) -> Path:
+    """The checkpoint file of a folder; a candidate name that is not a
+    regular file (a folder, a FIFO) is refused rather than passed over."""
+    found = []
+    for name in (*CHECKPOINT_NAMES, INDEX):
+        candidate = folder / name
+        kind = file_kind(candidate)
+        if kind == "missing":
+            continue
+        if kind is not None:
+            raise CheckpointError(
+                f"{candidate} is {kind}, not a checkpoint file; replace it with "
+                "the file or remove it."
+            )
+        found.append(candidate)
+    if not found:
+        torch_files = [p for p in folder.iterdir() if p.suffix in TORCH_SUFFIXES]
+        if torch_files:
+            refuse_torch(torch_files[0])
+        raise CheckpointError(
+            f"{folder} holds no {' or '.join(CHECKPOINT_NAMES)}; files: "
+            f"{name_list(sorted(p.name for p in folder.iterdir()))}."
+        )
+    return found[0]
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
@@ -239,22 +326,18 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
     `model.safetensors.index.json`) with numpy.
 
     Returns `(tensors, config)`: float32 arrays by name, and the parsed
-    `config.json` found beside the file (`{}` when there is none).
+    `config.json` found beside the file (`{}` when there is none). A
+    `config.json` that is there but is not a regular file holding a JSON
+    object is refused: skipping it would guess what it says.
     """
     path = Path(path)
     if path.is_dir():
-        found = [path / n for n in (*CHECKPOINT_NAMES, INDEX) if (path / n).is_file()]
-        if not found:
-            torch_files = [p for p in path.iterdir() if p.suffix in TORCH_SUFFIXES]
-            if torch_files:
-                refuse_torch(torch_files[0])
-            raise CheckpointError(
-                f"{path} holds no {' or '.join(CHECKPOINT_NAMES)}; files: "
-                f"{sorted(p.name for p in path.iterdir())}."
-            )
-        path = found[0]
-    if not path.is_file():
+        path = _checkpoint_in(path)
+    kind = file_kind(path)
+    if kind == "missing":
         raise FileNotFoundError(f"No checkpoint at {str(path)!r}.")
+    if kind is not None:
+        raise CheckpointError(f"{path} is {kind}, not a checkpoint file.")
     tensors = _read_sharded(path) if path.name == INDEX else _read_file(path)
     for name, value in tensors.items():
         # The index buffer older transformers releases saved (0, 1, ...):
@@ -268,9 +351,8 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
         tensors[name] = value.astype("float32")
     config_path = path.parent / "config.json"
     config = {}
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text())
-        except ValueError as error:
-            raise CheckpointError(f"{config_path} is not valid JSON: {error}") from None
+    if file_kind(config_path) != "missing":
+        config = read_json_file(
+            config_path, "the converter reads the architecture and labels from it"
+        )
     return tensors, config

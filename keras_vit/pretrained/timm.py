@@ -6,7 +6,12 @@ import numpy as np
 
 from keras_vit.errors import CheckpointError
 from keras_vit.models.hybrid import HybridViT
-from keras_vit.models.vit import ViT, image_hw
+from keras_vit.models.vit import ViT
+from keras_vit.pretrained.config_values import (
+    agree_flag,
+    agree_width,
+    config_image_size,
+)
 from keras_vit.pretrained.layouts import (
     Plan,
     add_layer_norm,
@@ -24,6 +29,8 @@ from keras_vit.pretrained.layouts import (
 )
 from keras_vit.pretrained.timm_eva import eva_plan
 from keras_vit.pretrained.timm_options import (
+    check_timm_config,
+    mlp_ratio_width,
     refuse_token_head,
     timm_arguments,
     vision_transformer_options,
@@ -50,6 +57,7 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     include_prefix = _pool_include_prefix(args, pool, embedded + registers)
     num_classes = tensors["head.weight"].shape[0] if "head.weight" in tensors else 0
     refuse_token_head(pool, num_classes)
+    _check_config(tensors, config, args, kwargs, num_layers, registers)
     grid, covered = _grid(tensors, config, args, hints, embedded + registers, stride)
     hidden = kwargs.pop("hidden_dim")
     kwargs.update(options)
@@ -112,6 +120,31 @@ def timm_plan(tensors: dict, config: dict, hints: dict) -> Plan:
     if builder is HybridViT:
         _add_resnet_stem(plan, tensors, kwargs["stem"])
     return plan
+
+
+def _check_config(tensors, config, args, kwargs, num_layers, registers):
+    """What the config says against what the tensors hold."""
+    hidden = kwargs["hidden_dim"]
+    num_classes = tensors["head.weight"].shape[0] if "head.weight" in tensors else 0
+    found = {
+        "depth": (num_layers, "{} block(s)"),
+        "embed_dim": (hidden, "a hidden width of {}"),
+        "in_chans": (kwargs["num_channels"], "{} input channel(s)"),
+        "num_classes": (int(num_classes), "{} head class(es)"),
+        "reg_tokens": (int(registers), "{} register token(s)"),
+    }
+    if "patch_size" in kwargs:  # a hybrid's patches are its CNN's features
+        found["patch_size"] = (kwargs["patch_size"], "{}-pixel patches")
+    check_timm_config(config, args, found)
+    agree_flag("timm", "class_token", args.get("class_token"),
+               "cls_token" in tensors, "a class token (cls_token)")  # fmt: skip
+    fc1 = "blocks.0.mlp.fc1_g.weight"
+    fc1 = fc1 if fc1 in tensors else "blocks.0.mlp.fc1.weight"
+    # Mlp, GluMlp and SwiGLU all make fc1 (fc1_g) int(embed_dim * mlp_ratio)
+    # wide; GluMlp halves it after the gate.
+    width = mlp_ratio_width(args, hidden, "timm")
+    if width is not None and fc1 in tensors:
+        agree_width("timm", args["mlp_ratio"], hidden, width, fc1, tensors)
 
 
 def _patch_embedding(tensors: dict) -> tuple:
@@ -185,7 +218,8 @@ def _grid(tensors, config, args, hints, prefix: int, stride: int):
     if size is None:
         input_size = (config.get("pretrained_cfg") or {}).get("input_size")
         size = input_size[1:] if input_size else None
-    size = image_hw(tuple(size) if isinstance(size, list) else size) if size else None
+    if size is not None:
+        size = config_image_size(size, "img_size", "timm")
     tokens = tensors["pos_embed"].shape[1] if "pos_embed" in tensors else None
     if tokens is None:
         if args.get("pos_embed") != "none":

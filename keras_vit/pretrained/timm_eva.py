@@ -10,6 +10,15 @@ import numpy as np
 
 from keras_vit.errors import CheckpointError
 from keras_vit.models.vit import ViT
+from keras_vit.pretrained.config_values import (
+    ROPE_THETA_RANGE,
+    agree_flag,
+    agree_width,
+    config_epsilon,
+    config_flag,
+    config_float,
+    config_image_size,
+)
 from keras_vit.pretrained.layouts import (
     Plan,
     add_torch_linear,
@@ -20,7 +29,12 @@ from keras_vit.pretrained.layouts import (
     packed,
     patch_kernel,
 )
-from keras_vit.pretrained.timm_options import NORMS, refuse_token_head
+from keras_vit.pretrained.timm_options import (
+    NORMS,
+    check_timm_config,
+    mlp_ratio_width,
+    refuse_token_head,
+)
 
 # Eva arguments that do not change the inference forward pass, or that the
 # tensors tell (shapes, tokens, biases).
@@ -116,36 +130,50 @@ def _norm(args: dict) -> tuple[str, float]:
     if spec is None:
         return "layernorm", 1e-6  # timm's LayerNorm
     layer = spec.get("layer") if isinstance(spec, dict) else spec
-    if layer not in NORMS or (isinstance(spec, dict) and set(spec) - {"layer", "eps"}):
+    if (
+        not isinstance(layer, str)
+        or layer not in NORMS
+        or (isinstance(spec, dict) and set(spec) - {"layer", "eps"})
+    ):
         raise CheckpointError(f"timm Eva norm_layer={spec!r} is not supported.")
     eps = spec.get("eps", 1e-6) if isinstance(spec, dict) else 1e-6
-    return NORMS[layer], float(eps)
+    return NORMS[layer], config_epsilon(eps, "norm_layer.eps", "timm Eva")
 
 
 def _rope(args: dict, head_dim: int) -> tuple[dict | None, bool]:
     """keras_vit's `rope=` options and whether the source is interleaved."""
-    if not args.get("use_rot_pos_emb", False):
+    if not config_flag(args, "use_rot_pos_emb", False, "timm Eva"):
         return None, False
     kind = args.get("rope_type", "cat")
-    offset = float(args.get("rope_grid_offset", 0.0))
+    # Grid coordinates are patch indices (at most 1024 per side): an offset
+    # beyond that is no offset a model was trained with.
+    offset = config_float(
+        args.get("rope_grid_offset", 0.0), "rope_grid_offset", "timm Eva", -1024, 1024
+    )
     order = args.get("rope_grid_indexing", "ij")
+    if order not in ("ij", "xy"):
+        raise CheckpointError(
+            f"timm Eva rope_grid_indexing={order!r:.80} is not valid; expected "
+            "'ij' or 'xy'."
+        )
     if kind == "dinov3":
         options = dict(
             coordinates="centered",
-            temperature=float(args.get("rope_temperature", 100.0)),
+            temperature=_temperature(args, 100.0),
             frequency_scale=2 * math.pi,
         )
-        interleaved = not args.get("rope_rotate_half", True)
+        interleaved = not config_flag(args, "rope_rotate_half", True, "timm Eva")
     elif kind == "cat":
         ref = args.get("ref_feat_shape")
-        ref = [ref, ref] if isinstance(ref, int) else ref
+        if ref is not None:
+            ref = list(config_image_size(ref, "ref_feat_shape", "timm Eva"))
         options = dict(
             coordinates="index",
-            temperature=float(args.get("rope_temperature", 10000.0)),
+            temperature=_temperature(args, 10000.0),
             frequency_scale=1.0,
-            reference_grid=None if ref is None else [int(r) for r in ref],
+            reference_grid=ref,
         )
-        interleaved = not args.get("rope_rotate_half", False)
+        interleaved = not config_flag(args, "rope_rotate_half", False, "timm Eva")
     else:
         raise CheckpointError(
             f"timm rope_type={kind!r} is not supported; keras_vit reads 'cat' "
@@ -157,12 +185,41 @@ def _rope(args: dict, head_dim: int) -> tuple[dict | None, bool]:
     return dict(options, grid_offset=offset, axis_order=order), interleaved
 
 
+def _temperature(args: dict, default: float) -> float:
+    value = args.get("rope_temperature", default)
+    return config_float(value, "rope_temperature", "timm Eva", *ROPE_THETA_RANGE)
+
+
+def _check_config(tensors, config, args, kwargs) -> None:
+    """What the config says against what the tensors hold."""
+    num_classes = kwargs["num_classes"] if kwargs["include_top"] else 0
+    if "head.weight" in tensors:
+        num_classes = int(tensors["head.weight"].shape[0])
+    found = {
+        "depth": (kwargs["num_layers"], "{} block(s)"),
+        "embed_dim": (kwargs["hidden_dim"], "a hidden width of {}"),
+        "in_chans": (kwargs["num_channels"], "{} input channel(s)"),
+        "patch_size": (kwargs["patch_size"], "{}-pixel patches"),
+        "num_classes": (num_classes, "{} head class(es)"),
+        "num_reg_tokens": (kwargs["num_register_tokens"], "{} register token(s)"),
+    }
+    check_timm_config(config, args, found)
+    agree_flag("timm Eva", "class_token", args.get("class_token"),
+               kwargs["class_token"], "a class token (cls_token)")  # fmt: skip
+    width = mlp_ratio_width(args, kwargs["hidden_dim"], "timm Eva")
+    # SwiGLU widths are aligned and rescaled (swiglu_align_to, scale_mlp):
+    # only the plain MLP's width follows from mlp_ratio alone.
+    if width is not None and not kwargs["gated_mlp"]:
+        agree_width(
+            "timm Eva", args["mlp_ratio"], kwargs["hidden_dim"], width,
+            "blocks.0.mlp.fc1.weight", tensors,
+        )  # fmt: skip
+
+
 def _final_norms(args: dict) -> dict:
     pool = args.get("global_pool", "avg")
-    fc_norm = args.get("use_fc_norm")
-    fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
-    post = args.get("use_post_transformer_norm")
-    post = (not fc_norm) if post is None else bool(post)
+    fc_norm = config_flag(args, "use_fc_norm", pool == "avg", "timm Eva")
+    post = config_flag(args, "use_post_transformer_norm", not fc_norm, "timm Eva")
     if fc_norm and post:
         raise CheckpointError(
             "timm Eva with both a final norm and fc_norm is not supported."
@@ -187,10 +244,9 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
         int(tensors["head.weight"].shape[0]) if "head.weight" in tensors else 0
     )
     refuse_token_head(pool, num_classes)
-    size = args.get("img_size", 224)
-    size = (size, size) if isinstance(size, int) else tuple(size)
+    size = config_image_size(args.get("img_size", 224), "img_size", "timm Eva")
     grid = (size[0] // p, size[1] // p)
-    gated = bool(args.get("swiglu_mlp", False))
+    gated = config_flag(args, "swiglu_mlp", False, "timm Eva")
     split = "blocks.0.mlp.fc1_g.weight" in tensors
     kwargs = dict(
         variant="Ti",
@@ -212,11 +268,11 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
         layer_scale_init=1e-5 if "blocks.0.gamma_1" in tensors else None,
         layer_norm_epsilon=eps,
         norm_type=norm_type,
-        norm_pre=bool(args.get("use_pre_transformer_norm", False)),
-        qk_norm=bool(args.get("qk_norm", False)),
+        norm_pre=config_flag(args, "use_pre_transformer_norm", False, "timm Eva"),
+        qk_norm=config_flag(args, "qk_norm", False, "timm Eva"),
         mlp_activation="silu" if gated else "gelu",
         gated_mlp=gated,
-        mlp_norm=bool(args.get("scale_mlp", False)),
+        mlp_norm=config_flag(args, "scale_mlp", False, "timm Eva"),
         rope=rope,
         qkv_bias=any(
             f"blocks.0.attn.{n}" in tensors
@@ -226,6 +282,7 @@ def eva_plan(tensors: dict, config: dict, args: dict, hints: dict) -> Plan:
     )
     if pool == "":
         kwargs.update(pooling=None, include_top=False, pool_norm=False)
+    _check_config(tensors, config, args, kwargs)
     plan = Plan(ViT, kwargs, grid, p, num_classes)
     _add_embedding(plan, tensors, kwargs, registers, grid)
     order = _interleaved_to_half(hidden // heads, heads) if interleaved else None
@@ -271,7 +328,8 @@ def _add_embedding(plan, tensors, kwargs, registers, grid) -> None:
     covered = tokens == grid[0] * grid[1] + embedded + registers
     if not covered and tokens != grid[0] * grid[1]:
         raise CheckpointError(
-            f"pos_embed of {tokens} tokens does not fit the {grid[0]}x{grid[1]} grid."
+            f"pos_embed of {tokens} tokens does not fit the {grid[0]}x{grid[1]} "
+            "patch grid of the config's img_size."
         )
     stop = embedded + registers
 

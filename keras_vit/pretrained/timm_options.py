@@ -17,6 +17,15 @@ import json
 from pathlib import Path
 
 from keras_vit.errors import CheckpointError
+from keras_vit.pretrained.config_values import (
+    MLP_RATIO_RANGE,
+    agree,
+    config_epsilon,
+    config_flag,
+    config_float,
+    config_image_size,
+    config_int,
+)
 
 TABLE = Path(__file__).with_name("timm_architectures.json")
 
@@ -104,13 +113,63 @@ def _norm(spec, default_eps: float, what: str) -> tuple[str, float]:
                 f"timm {what}={spec!r} has arguments keras_vit does not read: "
                 f"{sorted(extra)}."
             )
-        layer, eps = spec.get("layer"), float(spec.get("eps", 1e-6))
-    if layer not in NORMS:
+        layer = spec.get("layer")
+        eps = config_epsilon(spec.get("eps", 1e-6), f"{what}.eps", "timm")
+    if not isinstance(layer, str) or layer not in NORMS:
         raise CheckpointError(
             f"timm {what}={spec!r} is not supported; keras_vit has LayerNorm and "
             "RmsNorm."
         )
     return NORMS[layer], eps
+
+
+# Arguments that count something of which a checkpoint may have none.
+MAY_BE_ZERO = ("num_classes", "reg_tokens", "num_reg_tokens")
+
+
+def check_timm_config(config: dict, args: dict, found: dict) -> None:
+    """The numbers of a timm config (`model_args` over the registered
+    architecture's, the top-level `num_classes` / `num_features` and
+    `pretrained_cfg.input_size`) against the tensors: `found` maps an
+    argument to `(what the tensors hold, what that counts)`. A contradiction
+    is refused rather than the tensors trusted: timm itself builds the
+    config's model, and these weights do not load into it."""
+    given = config.get("model_args") or {}
+    name = config.get("architecture")
+    top = {"num_features": "embed_dim", "num_classes": "num_classes"}
+    for key, (value, what) in found.items():
+        note = "" if key in given else f" (registered for {name!r})"
+        if args.get(key) is not None:
+            low = 0 if key in MAY_BE_ZERO else 1
+            checked = config_int(args[key], key, "timm", low)
+            agree("timm", key, checked, value, what, note)
+    for key, argument in top.items():
+        if config.get(key) is not None and argument in found:
+            value, what = found[argument]
+            low = 0 if key in MAY_BE_ZERO else 1
+            agree("timm", key, config_int(config[key], key, "timm", low), value, what)
+    size = (config.get("pretrained_cfg") or {}).get("input_size")
+    if size is None:
+        return
+    if not (isinstance(size, list) and len(size) == 3):
+        raise CheckpointError(
+            f"timm config pretrained_cfg.input_size={size!r:.80} is not valid; "
+            "expected [channels, height, width]."
+        )
+    config_image_size(size[1:], "pretrained_cfg.input_size", "timm")
+    channels = config_int(size[0], "pretrained_cfg.input_size[0]", "timm")
+    if "in_chans" in found:
+        agree("timm", "pretrained_cfg.input_size[0]", channels, *found["in_chans"])
+
+
+def mlp_ratio_width(args: dict, hidden: int, what: str) -> int | None:
+    """timm's MLP width, `int(embed_dim * mlp_ratio)`, when the config
+    gives `mlp_ratio`."""
+    ratio = args.get("mlp_ratio")
+    if ratio is None:
+        return None
+    ratio = config_float(ratio, "mlp_ratio", what, *MLP_RATIO_RANGE)
+    return int(hidden * ratio)
 
 
 def refuse_token_head(pool: str, num_classes: int) -> None:
@@ -126,7 +185,7 @@ def refuse_token_head(pool: str, num_classes: int) -> None:
 
 def activation(args: dict) -> str:
     act = args.get("act_layer")
-    if act not in ACTIVATIONS:
+    if not isinstance(act, (str, type(None))) or act not in ACTIVATIONS:
         raise CheckpointError(
             f"timm act_layer={act!r} is not supported; valid: "
             f"{sorted(k for k in ACTIVATIONS if k)}."
@@ -148,7 +207,9 @@ def _mlp(args: dict) -> dict:
                 f"timm mlp_layer={layer!r} has arguments keras_vit does not read: "
                 f"{sorted(extra)}."
             )
-        gate_last = bool(layer.get("gate_last", layer["layer"] == "GluMlp"))
+        gate_last = config_flag(
+            layer, "gate_last", layer["layer"] == "GluMlp", "timm mlp_layer"
+        )
         return {"gated_mlp": True, "gate_last": gate_last}
     raise CheckpointError(
         f"timm mlp_layer={layer!r} is not supported; valid: Mlp, SwiGLU, "
@@ -185,7 +246,7 @@ def vision_transformer_options(args: dict) -> dict:
                 f"timm {key}={args[key]!r} is not supported; keras_vit has "
                 f"timm's {default} only."
             )
-    if args.get("scale_attn_norm"):
+    if config_flag(args, "scale_attn_norm", False, "timm"):
         raise CheckpointError("timm scale_attn_norm=True is not supported.")
     pos = args.get("pos_embed", "learn")
     if pos not in ("learn", "none"):
@@ -197,11 +258,11 @@ def vision_transformer_options(args: dict) -> dict:
         norm_type=norm_type,
         layer_norm_epsilon=eps,
         mlp_activation=activation(args),
-        norm_pre=bool(args.get("pre_norm", False)),
-        final_norm=bool(args.get("final_norm", True)),
-        qk_norm=bool(args.get("qk_norm", False)),
-        mlp_norm=bool(args.get("scale_mlp_norm", False)),
-        proj_bias=bool(args.get("proj_bias", True)),
+        norm_pre=config_flag(args, "pre_norm", False, "timm"),
+        final_norm=config_flag(args, "final_norm", True, "timm"),
+        qk_norm=config_flag(args, "qk_norm", False, "timm"),
+        mlp_norm=config_flag(args, "scale_mlp_norm", False, "timm"),
+        proj_bias=config_flag(args, "proj_bias", True, "timm"),
         position_embedding="learned" if pos == "learn" else "none",
         **_mlp(args),
     )

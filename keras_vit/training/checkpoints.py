@@ -113,6 +113,7 @@ def save_checkpoint(
     def write(temp):
         model.save_weights(temp)
         _save_random_state(temp, model)
+        _save_lora_state(temp, model)
 
     check_free_space(final, _expected_bytes(run_dir, model))
     write_atomic(final, write)
@@ -205,14 +206,40 @@ def _check_file(path, entry):
     return None
 
 
+def _damage(path) -> str | None:
+    """Why the HDF5 file at `path` cannot be read back whole; None when every
+    dataset in it reads."""
+
+    def read(_, item):
+        if isinstance(item, h5py.Dataset):
+            item[()]
+
+    try:
+        with h5py.File(path, "r") as file:
+            file.visititems(read)
+    except Exception as error:  # h5py raises OSError, KeyError, ValueError...
+        return f"unreadable ({type(error).__name__}: {error})"
+    return None
+
+
 def _load(model, path):
+    # Only a file that does not read back is damaged: one that reads whole
+    # but does not load is a mismatch with this model, and saying "damaged"
+    # would invite the user to delete a good checkpoint.
+    problem = _damage(path)
+    if problem is not None:
+        return problem
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             model.load_weights(path)
             seeds = _load_random_state(path)
-        except Exception as error:  # h5py raises OSError, KeyError, ValueError...
-            return f"unreadable ({type(error).__name__}: {error})"
+            _load_lora_state(path, model)
+        except Exception as error:
+            raise CheckpointError(
+                f"{path} is intact (it reads back whole) but does not load into "
+                f"this model: {type(error).__name__}: {error}"
+            ) from None
     for warning in caught:
         if "Skipping variable loading" in str(warning.message):
             # Not damage: the model or optimizer differs from the one saved.
@@ -260,6 +287,59 @@ def _load_random_state(path):
         group = file[_RANDOM_GROUP]
         paths = json.loads(group.attrs["paths"])
         return paths, [group[str(i)][()] for i in range(len(paths))]
+
+
+# Keras saves a LoRA Dense with its adapters merged into the kernel and
+# zeroes them on load: training would go on from fresh adapters and frozen
+# merged kernels, another run than the one that was stopped. The base kernels
+# and the adapters themselves travel in a group of their own.
+_LORA_GROUP = "keras_vit_lora"
+_LORA_PARTS = ("_kernel", "lora_kernel_a", "lora_kernel_b")
+
+
+def _lora_layers(model):
+    return [
+        layer
+        for layer in model._flatten_layers(include_self=False)
+        if getattr(layer, "lora_enabled", False) and hasattr(layer, "_kernel")
+    ]
+
+
+def _save_lora_state(path, model):
+    layers = _lora_layers(model)
+    if not layers:
+        return
+    with h5py.File(path, "a") as file:
+        group = file.create_group(_LORA_GROUP)
+        group.attrs["paths"] = json.dumps([layer._kernel.path for layer in layers])
+        for i, layer in enumerate(layers):
+            for part in _LORA_PARTS:
+                value = keras.ops.convert_to_numpy(getattr(layer, part))
+                group[f"{i}/{part}"] = value
+
+
+def _load_lora_state(path, model) -> None:
+    layers = _lora_layers(model)
+    with h5py.File(path, "r") as file:
+        if _LORA_GROUP not in file:
+            return
+        group = file[_LORA_GROUP]
+        paths = json.loads(group.attrs["paths"])
+        if paths != [layer._kernel.path for layer in layers]:
+            raise CheckpointError(
+                f"{path} holds LoRA adapters for {len(paths)} layers, this model "
+                f"has {len(layers)}: it was saved from a different model."
+            )
+        for i, layer in enumerate(layers):
+            for part in _LORA_PARTS:
+                getattr(layer, part).assign(group[f"{i}/{part}"][()])
+
+
+def holds_lora_state(run_dir: str | os.PathLike, step: int) -> bool:
+    """Whether the checkpoint of `step` holds its LoRA adapters unmerged (a
+    checkpoint of an older keras_vit holds them merged only)."""
+    with h5py.File(checkpoint_path(run_dir, step), "r") as file:
+        return _LORA_GROUP in file
 
 
 def _build_optimizer(model):
@@ -358,5 +438,6 @@ __all__ = [
     "checkpoint_path",
     "list_checkpoints",
     "restore_latest",
+    "holds_lora_state",
     "save_checkpoint",
 ]

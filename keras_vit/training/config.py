@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from keras_vit.files import check_path_text
+from keras_vit.deploy import names
 from keras_vit.hardware import PRECISIONS
 from keras_vit.models.layers import POSITION_EMBEDDINGS
 from keras_vit.models.preprocessing import DEFAULT_MEAN, DEFAULT_STD, RESIZE_METHODS
@@ -372,6 +372,19 @@ def _validate_schedule(config: TrainConfig) -> None:
             f"checkpoint_every ({config.checkpoint_every}), e.g. "
             f"{config.checkpoint_every * max(1, config.total_steps // ce)}."
         )
+    accumulate = config.optim.gradient_accumulation_steps
+    if config.total_steps % accumulate:
+        # Keras applies the summed gradients every `accumulate` steps: the
+        # steps after the last full group would never reach the optimizer
+        # (with more micro-steps than steps, none would: no training at all).
+        updates = config.total_steps // accumulate
+        raise ValueError(
+            f"total_steps ({config.total_steps}) must be a multiple of "
+            f"optim.gradient_accumulation_steps ({accumulate}): "
+            f"{config.total_steps % accumulate} step(s) would never reach the "
+            f"optimizer ({updates} update(s)); e.g. total_steps="
+            f"{accumulate * max(1, updates)}."
+        )
     if config.optim.warmup_steps >= config.total_steps:
         raise ValueError(
             f"optim.warmup_steps must be < total_steps={config.total_steps}, "
@@ -401,13 +414,7 @@ def _validate_schedule(config: TrainConfig) -> None:
 
 
 def _validate_export_target(name, root) -> None:
-    if not isinstance(name, str) or "/" in name or name.startswith("."):
-        raise ValueError(
-            f"export_name must be a file name without '/' that does not start "
-            f"with '.', got {name!r}."
-        )
-    check_path_text(name, "export_name")
-    check_path_text(root, "export_root")
+    names.check_export_target(name, root, "export_name", "export_root")
 
 
 def _validate_distill(distill: DistillConfig) -> None:

@@ -106,6 +106,10 @@ class Distiller(keras.Model):
             self.heads = None
         self.class_loss_tracker = keras.metrics.Mean(name="class_loss")
         self.distillation_loss_tracker = keras.metrics.Mean(name="distillation_loss")
+        # Its parts are functional models, built when made, and it has no
+        # weights of its own: built from the start, so that a resumed run
+        # loads its checkpoint before the first call.
+        self.built = True
 
     def call(self, images, training=False):
         if training and self.heads is not None:

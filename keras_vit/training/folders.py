@@ -24,6 +24,8 @@ import stat
 import warnings
 from pathlib import Path
 
+from keras_vit.models.image_files import entry_problem
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 
@@ -76,7 +78,7 @@ def _unreadable(path: Path) -> str | None:
     if stat.S_ISDIR(mode):
         return "is a folder, not an image file"
     if not stat.S_ISREG(mode):
-        return "is not a regular file"
+        return entry_problem(path)  # names the kind: a FIFO, a device...
     return None
 
 

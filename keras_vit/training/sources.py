@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from keras_vit.files import fsync_dir, fsync_file, temporary_name
 from keras_vit.models import image_bytes
+from keras_vit.models.image_files import check_encoded, entry_problem, read_image_file
 from keras_vit.models.vit import image_hw
 from keras_vit.training.config import DataConfig
 from keras_vit.training.folders import IMAGE_EXTENSIONS, class_folders, image_files
@@ -169,15 +170,20 @@ def _decoder(config: DataConfig):
     """`decode(contents, name) -> (image or None-placeholder, ok)`: raises an
     error naming the file, or (on_error="skip") flags it to be dropped."""
 
-    def decode(contents, name):
-        ok = _valid_image_bytes(contents)
+    def decode(contents, name, problem=""):
+        # `problem`: why `image_files` refused the file before it was read
+        # (then `contents` is empty); named before anything else.
+        checked = tf.equal(problem, "")
+        ok = tf.logical_and(checked, _valid_image_bytes(contents))
         fmt = image_bytes.image_format(contents)
         if config.on_error == "raise":
-            check = tf.debugging.Assert(
-                ok,
-                ["keras_vit.training.data: cannot decode image file", name],
-                summarize=1,
-            )
+            refused = tf.debugging.Assert(checked, [problem])
+            with tf.control_dependencies([refused]):
+                check = tf.debugging.Assert(
+                    ok,
+                    ["keras_vit.training.data: cannot decode image file", name],
+                    summarize=1,
+                )
             with tf.control_dependencies([check]):
                 # Names the file with its declared size when that is the reason.
                 contents, fmt = image_bytes.check_declared_size(
@@ -202,6 +208,53 @@ def _decoder(config: DataConfig):
         return tf.cast(image, tf.float32), ok
 
     return decode
+
+
+def _refusal(read) -> tuple[bytes, bytes]:
+    """`(contents, b"")` from `read()`, or `(b"", the one-line reason)` when
+    `image_files` refuses the file or record."""
+    try:
+        return read(), b""
+    except (ValueError, OSError) as error:
+        return b"", str(error).encode("utf-8", "replace")
+
+
+def _as_text(value) -> str:
+    # Eager calls pass a 0-d object array, graphs the bytes themselves.
+    return np.asarray(value).item().decode("utf-8", "replace")
+
+
+def checked_read(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """`(contents, problem)` of the image file `path` read by
+    `image_files.read_image_file` (an entry that is not a regular file, a
+    file larger than its header allows, a PNG that inflates past its size:
+    refused before or instead of reading, `problem` says why; `contents` is
+    then empty). A `numpy_function`: folder pipelines are never saved."""
+    read = tf.numpy_function(
+        lambda p: _refusal(
+            lambda: read_image_file(
+                _as_text(p), f"image file {_as_text(p)}", with_kind=False
+            )
+        ),
+        [path],
+        [tf.string, tf.string],
+        stateful=False,
+    )
+    return tf.ensure_shape(read[0], []), tf.ensure_shape(read[1], [])
+
+
+def checked_bytes(contents: tf.Tensor, name: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """`checked_read` for an encoded image held in a record (`name` says
+    which): the same checks on bytes already read."""
+    read = tf.numpy_function(
+        lambda c, n: _refusal(
+            lambda: check_encoded(np.asarray(c).item(), _as_text(n), with_kind=False)
+        ),
+        [contents, name],
+        [tf.string, tf.string],
+        stateful=False,
+    )
+    return tf.ensure_shape(read[0], []), tf.ensure_shape(read[1], [])
 
 
 def _split_folder(config: DataConfig, split: str) -> Path:
@@ -262,7 +315,8 @@ def folder_source(
 
     def load(i):
         path = tf.gather(paths_t, i)
-        image, ok = decode(tf.io.read_file(path), path)
+        contents, problem = checked_read(path)
+        image, ok = decode(contents, path, problem)
         return image, tf.gather(labels_t, i), ok
 
     return Source(class_names, size=len(paths), load=load, skipped=skipped)
@@ -273,6 +327,14 @@ def tfrecord_source(config: DataConfig, split: str) -> Source:
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
         raise ValueError(f"No TFRecord files match {pattern!r}.")
+    for file in files:
+        # A FIFO or device named like a shard would block or never end.
+        problem = entry_problem(file, "a TFRecord file")
+        if problem:
+            raise ValueError(
+                f"{file!r} {problem}; remove it or rename it out of the pattern "
+                f"{pattern!r}."
+            )
     if config.num_classes < 1:
         raise ValueError("source='tfrecord' needs data.num_classes >= 1.")
     skipped = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -283,7 +345,8 @@ def tfrecord_source(config: DataConfig, split: str) -> Source:
         name = tf.strings.join(
             [f"{pattern} record named '", example["image/filename"], "'"]
         )
-        image, ok = decode_bytes(example["image/encoded"], name)
+        contents, problem = checked_bytes(example["image/encoded"], name)
+        image, ok = decode_bytes(contents, name, problem)
         return image, example["image/class/label"], ok
 
     records = tf.data.TFRecordDataset(files)

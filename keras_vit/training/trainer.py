@@ -355,8 +355,12 @@ def _restore(config, strategy, stages, num_classes, run_dir):
         fitted = distill_lib.wrap(qat_lib.wrap(model, config), config)
         _compile(fitted, config, strategy, 0)
     step = checkpoint_lib.restore_latest(checkpoints, fitted)
-    if step and config.model.lora_rank:
-        # The checkpoint holds merged kernels and zero adapters (Keras' LoRA).
+    if (
+        step
+        and config.model.lora_rank
+        and not checkpoint_lib.holds_lora_state(checkpoints, step)
+    ):
+        # An older checkpoint: merged kernels and zero adapters (Keras' LoRA).
         restart_lora_adapters(model, config.seed + step)
     return model, fitted, step
 
