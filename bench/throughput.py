@@ -566,8 +566,25 @@ def run(args: argparse.Namespace) -> dict:
     import keras
 
     from keras_vit.analysis.flops import vit_macs
+    from keras_vit.hardware import bfloat16_refused_by_onednn, onednn_isa_cap
     from keras_vit.models.vit import parse_variant
 
+    # Under a oneDNN ISA cap below bfloat16 on a CPU that has it (the AVX2
+    # stand-in), TensorFlow hands bfloat16 to oneDNN, which aborts: bfloat16
+    # is neither timed nor given a matmul peak there.
+    bfloat16_refused = bfloat16_refused_by_onednn()
+    if bfloat16_refused and "bfloat16" in args.precision:
+        raise SystemExit(
+            f"--precision {args.precision} cannot run under ONEDNN_MAX_CPU_ISA="
+            f"{onednn_isa_cap()} on this bfloat16 CPU (TensorFlow hands it to "
+            "oneDNN, which aborts): use --precision float32 or unset the cap."
+        )
+    if bfloat16_refused:
+        print(
+            f"bfloat16 not measured: ONEDNN_MAX_CPU_ISA={onednn_isa_cap()} caps "
+            "oneDNN below it on this CPU",
+            flush=True,
+        )
     keras.config.set_dtype_policy(args.precision)
     arch = parse_variant(args.variant, num_layers=args.num_layers)
     if args.image_size % arch["patch_size"]:
@@ -619,7 +636,7 @@ def run(args: argparse.Namespace) -> dict:
         )
     if args.auto_check and "keras_vit" in args.peers:
         for other in PRECISIONS:
-            if other == args.precision:
+            if other == args.precision or (bfloat16_refused and "bfloat16" in other):
                 continue
             keras.config.set_dtype_policy(other)
             model = build_keras_vit(args, arch)
@@ -642,7 +659,7 @@ def run(args: argparse.Namespace) -> dict:
         c.warmup_seconds = time.perf_counter() - start
         print(f"warm-up {c.mode:5s} {c.label}: {c.warmup_seconds:.1f} s", flush=True)
 
-    peaks = {"float32": [], "bfloat16": []}
+    peaks = {"float32": []} if bfloat16_refused else {"float32": [], "bfloat16": []}
     compute_dtype = "bfloat16" if args.precision == "mixed_bfloat16" else "float32"
     shapes = matmul_shapes(arch, args.image_size, args.batch_size, args.num_classes)
     shape_seconds = {name: float("inf") for name, *_ in shapes}
@@ -790,8 +807,9 @@ def format_table(report: dict) -> str:
         f"{cfg['precision']}; {env['cpu']} x{env['cpu_count']}; "
         f"TF {env['tensorflow']}, Keras {env['keras']}, "
         f"keras-hub {env['keras_hub']}, torch {env['torch']}, timm {env['timm']}",
-        f"matmul peak: float32 {peak['float32']:.0f} GFLOP/s, "
-        f"bfloat16 {peak['bfloat16']:.0f} GFLOP/s; model "
+        "matmul peak: "
+        + ", ".join(f"{dtype} {gflops:.0f} GFLOP/s" for dtype, gflops in peak.items())
+        + "; model "
         f"{model['forward_gmacs_per_image']:.2f} GMACs = "
         f"{model['forward_gflops_per_image']:.2f} GFLOPs forward, "
         f"{model['train_gflops_per_image']:.2f} GFLOPs per training image",

@@ -114,6 +114,14 @@ def cpu_has_fast_bfloat16(flags: frozenset[str] | None = None) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def bfloat16_refused_by_onednn() -> bool:
+    """Whether a oneDNN ISA cap forbids bfloat16 on a CPU that has it: then
+    TensorFlow, which reads the CPU and not the cap, hands bfloat16 ops to
+    oneDNN, which refuses them and the process aborts (a real AVX2 CPU runs
+    them in Eigen instead)."""
+    return cpu_has_fast_bfloat16(cpu_flags()) and not cpu_has_fast_bfloat16()
+
+
 def gpu_compute_capabilities() -> list[tuple[int, int]]:
     """One `(major, minor)` per visible GPU; empty without GPUs."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -161,8 +169,17 @@ def choose_settings(
         raise ValueError(
             f"jit_compile must be 'auto', true or false, got {jit_compile!r}."
         )
+    on_this_cpu = flags is None
     gpus = gpu_compute_capabilities() if gpus is None else gpus
     flags = usable_cpu_flags() if flags is None else flags
+    if precision == "mixed_bfloat16" and not gpus and on_this_cpu:
+        if bfloat16_refused_by_onednn():
+            raise ValueError(
+                f"precision 'mixed_bfloat16' cannot run here: ONEDNN_MAX_CPU_ISA="
+                f"{onednn_isa_cap()} caps oneDNN below bfloat16 on a CPU that has "
+                "it, and TensorFlow would hand bfloat16 to oneDNN, which aborts; "
+                "use precision float32 (or auto), or unset ONEDNN_MAX_CPU_ISA."
+            )
     resolved = []
     if precision == "auto":
         resolved.append("precision")
@@ -206,6 +223,7 @@ def choose_settings(
 
 __all__ = [
     "CPU_FEATURES",
+    "bfloat16_refused_by_onednn",
     "SMALL_MODEL_MACS",
     "choose_settings",
     "cpu_flags",

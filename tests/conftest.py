@@ -7,21 +7,11 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 
-def _bfloat16_refused_by_a_onednn_cap() -> bool:
-    """ONEDNN_MAX_CPU_ISA caps oneDNN below bfloat16 on a CPU that has it:
-    the AVX2 stand-in on AVX-512 machines. TensorFlow reads the CPU, not the
-    cap, so it still hands bfloat16 ops to oneDNN, which refuses them and the
-    process aborts (measured: any bfloat16 matmul or softmax). A real AVX2
-    CPU runs the same ops in Eigen, and those tests run there."""
-    from keras_vit import hardware
-
-    return hardware.cpu_has_fast_bfloat16(
-        hardware.cpu_flags()
-    ) and not hardware.cpu_has_fast_bfloat16(hardware.usable_cpu_flags())
-
-
 def pytest_collection_modifyitems(config, items):
-    if not _bfloat16_refused_by_a_onednn_cap():
+    # The AVX2 stand-in on AVX-512 machines (keras_vit.hardware explains).
+    from keras_vit.hardware import bfloat16_refused_by_onednn
+
+    if not bfloat16_refused_by_onednn():
         return
     skip = pytest.mark.skip(
         reason="bfloat16 under a oneDNN ISA cap below bfloat16 on a bfloat16 CPU: "

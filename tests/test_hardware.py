@@ -174,3 +174,17 @@ def test_automatic_settings_count_the_vit_the_trainer_builds():
     assert model.get_layer("patches").shifted
     assert model.get_layer("patch_encoder").position_embedding == "sincos"
     assert model.get_layer("patch_encoder").patch_norm
+
+
+def test_bfloat16_under_a_onednn_cap_below_it_is_refused_in_one_line(monkeypatch):
+    # What TensorFlow would abort on (a bfloat16 CPU, oneDNN capped at AVX2).
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: AVX512_BF16)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert hardware.bfloat16_refused_by_onednn()
+    with pytest.raises(ValueError, match="'mixed_bfloat16' cannot run here: ONEDNN"):
+        choose_settings(TI16, "mixed_bfloat16", "auto", gpus=[])
+    assert choose_settings(TI16, "auto", "auto", gpus=[])["precision"] == "float32"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert not hardware.bfloat16_refused_by_onednn()
+    choice = choose_settings(TI16, "mixed_bfloat16", "auto", gpus=[])
+    assert choice["precision"] == "mixed_bfloat16"

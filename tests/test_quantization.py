@@ -79,7 +79,7 @@ def test_int8_export_serves_both_signatures_with_parity(digits_model, tmp_path):
     preprocessing = {"mean": [0.5], "std": [0.5], "resize_method": "nearest"}
     metadata = export_model(
         model,
-        "digits_int8",
+        "digits_quantized",
         tmp_path,
         labels=labels,
         preprocessing=preprocessing,
@@ -90,7 +90,7 @@ def test_int8_export_serves_both_signatures_with_parity(digits_model, tmp_path):
     assert metadata["quantization"] == "int8"
     parity = metadata["parity"]
     assert parity["quantized_vs_float"]["top1_agreement"] >= 0.99
-    reloaded = keras.saving.load_model(tmp_path / "digits_int8.keras")
+    reloaded = keras.saving.load_model(tmp_path / "digits_quantized.keras")
     assert reloaded.get_layer("head").quantization_mode == "int8"
     expected = reloaded.predict(x_test, verbose=0)
     # The SavedModel normalises pixels in its graph; a one-ulp difference in
@@ -100,7 +100,7 @@ def test_int8_export_serves_both_signatures_with_parity(digits_model, tmp_path):
     assert parity["saved_model"]["max_abs_diff_logits"] < 0.05 * scale
     assert parity["saved_model"]["top1_agreement"] >= 0.99
 
-    served = tf.saved_model.load(str(tmp_path / "digits_int8" / "1"))
+    served = tf.saved_model.load(str(tmp_path / "digits_quantized" / "1"))
     logits = served.signatures["serving_default"](pixels=pixels[:8])["logits"]
     assert_close(logits, expected[:8], 0.05, scale=scale)
     png = tmp_path / "digit.png"
