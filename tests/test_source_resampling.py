@@ -45,8 +45,10 @@ def test_timm_and_hf_kernels_are_torchs_interpolate():
             continue
         kind, size = key.split("_")
         size = tuple(int(s) for s in size.split("x"))
-        # The source library's float32 kernel, summed in another order.
-        assert_close(position.resize_grid(grid, size, kind), kernels[key], 2e-6)
+        # The source library's float32 kernel, summed in another order: up to
+        # 16 weighted terms, measured 5.7e-7 of the scale on Zen 4 (5 eps);
+        # 5e-6 leaves room for another CPU's order, far below a wrong kernel.
+        assert_close(position.resize_grid(grid, size, kind), kernels[key], 5e-6)
 
 
 def test_timms_kernel_is_tensorflows_antialiased_bicubic():
@@ -57,7 +59,7 @@ def test_timms_kernel_is_tensorflows_antialiased_bicubic():
     for size in [(6, 6), (5, 11), (12, 12)]:
         ours = position.resize_grid(grid, size, "timm")
         tf_aa = tf.image.resize(grid, size, "bicubic", antialias=True)
-        assert_close(ours, tf_aa, 2e-6)
+        assert_close(ours, tf_aa, 5e-6)
     shrunk = tf.image.resize(grid, (6, 6), "bicubic", antialias=False)
     assert np.max(np.abs(position.resize_grid(grid, (6, 6), "timm") - shrunk)) > 0.1
 
@@ -74,8 +76,9 @@ def test_big_vision_kernel_is_scipys_linear_zoom(new_grid):
     expected = scipy.ndimage.zoom(grid.astype("float64"), zoom, order=1)
     resized = resample_position_embedding(table, new_grid, (8, 8), 1, "big_vision")
     np.testing.assert_array_equal(resized[0, :1], table[0, :1])
-    # float32 against scipy's float64 linear zoom: a few roundings.
-    assert_close(resized[0, 1:].reshape(*new_grid, 16), expected, 1e-6)
+    # float32 against scipy's float64 linear zoom: measured 6e-7 of the
+    # scale (5 eps); 3e-6 leaves room for another CPU's rounding.
+    assert_close(resized[0, 1:].reshape(*new_grid, 16), expected, 3e-6)
 
 
 @pytest.mark.parametrize(
